@@ -1,0 +1,34 @@
+// common_options.h: what the subcommands share: loading the configuration, choosing the
+// dataset, opening it with a progress bar, and printing errors as one line on stderr.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/config/dataset_config.h"
+#include "common/dataset/dataset.h"
+
+namespace conveyor::cli {
+
+// Prints "conveyor: <message>" on stderr and returns 1.
+int Fail(const absl::Status& status);
+
+// Loads `path` and prints its warnings.
+absl::StatusOr<Config> LoadConfig(const std::string& path);
+
+// The dataset called `name`, or the only one when `name` is empty.
+absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::string& name);
+
+// Opens a dataset, drawing a progress bar for the index pass.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads);
+
+// Parses "on"/"off" (also true/false, yes/no, 1/0).
+absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value);
+
+// Reads in file order only: refuses a dataset that randomizes unless overridden.
+absl::Status RequireFileOrder(const DatasetConfig& ds, const std::optional<bool>& randomize_flag);
+
+}  // namespace conveyor::cli

@@ -1,0 +1,150 @@
+// conveyor inspect: what a dataset holds, and what is wrong with it.
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/commands.h"
+#include "client/cli/common_options.h"
+#include "client/cli/progress.h"
+#include "common/sampling/chunk_pipeline.h"
+
+namespace conveyor::cli {
+namespace {
+
+struct InspectArgs {
+  std::string config;
+  std::string dataset;
+  int threads = 0;
+  bool json = false;
+};
+
+struct StreamTotals {
+  uint64_t samples = 0, nnz = 0, sequences_with_samples = 0;
+};
+
+int RunInspect(const InspectArgs& args) {
+  auto config = LoadConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  std::vector<DatasetConfig> targets;
+  if (args.dataset.empty()) {
+    targets = config->datasets;
+  } else {
+    auto d = ChooseDataset(*config, args.dataset);
+    if (!d.ok()) return Fail(d.status());
+    targets.push_back(*d);
+  }
+  const int threads = args.threads > 0 ? args.threads : 2;
+  std::string json = "[";
+  for (const DatasetConfig& dc : targets) {
+    DatasetOpenOptions options;
+    options.index_threads = threads;
+    options.max_errors_override = UINT64_MAX;  // count every error, stop at none
+    ProgressBar index_bar("indexing");
+    options.progress = [&](uint64_t d, uint64_t t) { index_bar.Update(d, t); };
+    auto ds = Dataset::Open(dc, options);
+    index_bar.Finish();
+    if (!ds.ok()) return Fail(ds.status());
+    const Index& index = (*ds)->index();
+    // Parse everything once: the only way to count samples per stream and input errors.
+    std::vector<StreamTotals> totals((*ds)->streams().size());
+    uint64_t good_sequences = 0;
+    {
+      ChunkPipelineOptions po;
+      po.threads = threads;
+      po.prefetch = 2 * threads;
+      ChunkPipeline pipeline(ds->get(), po);
+      ProgressBar bar("parsing");
+      const uint64_t n = index.chunks.size();
+      uint64_t next = 0;
+      for (uint64_t c = 0; c < n; ++c) {
+        while (next < n && next < c + static_cast<uint64_t>(po.prefetch) + 1) pipeline.Enqueue(next++);
+        auto chunk = pipeline.Get(c);
+        if (!chunk.ok()) return Fail(chunk.status());
+        good_sequences += (*chunk)->num_sequences();
+        for (size_t s = 0; s < totals.size(); ++s) {
+          const ParsedStream& ps = (*chunk)->streams[s];
+          totals[s].samples += ps.total_samples();
+          if (ps.format == StreamFormat::kSparse) totals[s].nnz += ps.indices.size();
+          for (uint64_t q = 0; q < (*chunk)->num_sequences(); ++q)
+            totals[s].sequences_with_samples += ps.num_samples(q) > 0;
+        }
+        pipeline.Release(c);
+        bar.Update(index.chunks[c].end_offset, (*ds)->file_bytes());
+      }
+    }
+    (*ds)->diagnostics().Flush();
+    const uint64_t errors = (*ds)->errors();
+    const DeserializerConfig& d = dc.deserializers[0];
+    if (args.json) {
+      if (json.size() > 1) json += ",";
+      absl::StrAppend(&json, "{\"dataset\":\"", dc.name, "\",\"type\":\"", d.type, "\",\"file\":\"", d.file,
+                      "\",\"bytes\":", (*ds)->file_bytes(), ",\"chunks\":", index.chunks.size(),
+                      ",\"sequences\":", index.sequences.size(), ",\"valid_sequences\":", good_sequences,
+                      ",\"samples\":", index.total_samples, ",\"errors\":", errors,
+                      ",\"max_errors\":", dc.EffectiveMaxErrors(), ",\"streams\":[");
+      for (size_t s = 0; s < totals.size(); ++s) {
+        const StreamConfig& sc = (*ds)->streams()[s];
+        absl::StrAppend(&json, s ? "," : "", "{\"name\":\"", sc.name, "\",\"alias\":\"", sc.alias,
+                        "\",\"format\":\"", StreamFormatName(sc.format), "\",\"dim\":", sc.dim,
+                        ",\"definesMBSize\":", sc.defines_mb_size ? "true" : "false",
+                        ",\"samples\":", totals[s].samples, ",\"nnz\":", totals[s].nnz, "}");
+      }
+      json += "]}";
+      continue;
+    }
+    std::printf("dataset %s\n", dc.name.c_str());
+    std::printf("  deserializer  %s  %s (%s bytes)\n", d.type.c_str(), d.file.c_str(),
+                absl::StrFormat("%d", (*ds)->file_bytes()).c_str());
+    std::printf("  precision     %s   randomize %s   frameMode %s   maxErrors %llu\n",
+                dc.precision == Precision::kFloat ? "float" : "double", dc.randomize ? "true" : "false",
+                dc.frame_mode ? "true" : "false", static_cast<unsigned long long>(dc.EffectiveMaxErrors()));
+    std::printf("  chunks        %zu (chunkSizeInBytes %llu)\n", index.chunks.size(),
+                static_cast<unsigned long long>(d.chunk_size_in_bytes));
+    std::printf("  sequences     %zu%s\n", index.sequences.size(),
+                index.keys_are_line_numbers ? " (keyed by line number)" : " (keyed by sequence id)");
+    std::printf("  samples       %llu\n", static_cast<unsigned long long>(index.total_samples));
+    std::printf("  streams\n");
+    for (size_t s = 0; s < totals.size(); ++s) {
+      const StreamConfig& sc = (*ds)->streams()[s];
+      std::printf("    %-16s alias %-8s %-6s dim %-8llu samples %llu", sc.name.c_str(), sc.alias.c_str(),
+                  StreamFormatName(sc.format), static_cast<unsigned long long>(sc.dim),
+                  static_cast<unsigned long long>(totals[s].samples));
+      if (sc.format == StreamFormat::kSparse)
+        std::printf("  nnz %llu", static_cast<unsigned long long>(totals[s].nnz));
+      if (sc.defines_mb_size) std::printf("  (defines the minibatch size)");
+      std::printf("\n");
+    }
+    if (errors == 0) {
+      std::printf("  errors        none\n");
+    } else {
+      std::printf("  errors        %llu input errors (%llu of %zu sequences skipped); with maxErrors=%llu "
+                  "reading %s\n",
+                  static_cast<unsigned long long>(errors),
+                  static_cast<unsigned long long>(index.sequences.size() - good_sequences),
+                  index.sequences.size(), static_cast<unsigned long long>(dc.EffectiveMaxErrors()),
+                  errors > dc.EffectiveMaxErrors() ? "stops at the error that breaks the budget"
+                                                   : "skips them");
+    }
+  }
+  if (args.json) std::printf("%s]\n", json.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterInspect(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect",
+      "Show a dataset's streams (name, alias, format, dim), its chunks, sequences and samples, "
+      "and every input error found, after a full parse. Inspect never stops at an error: it "
+      "counts them all and says what maxErrors would do.");
+  cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
+  cmd->add_option("--dataset", args->dataset, "Dataset to inspect (default: all of them)");
+  cmd->add_option("--threads", args->threads, "Threads for indexing and parsing (default 2)");
+  cmd->add_flag("--json", args->json, "Print one JSON array instead of text");
+  cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
+}
+
+}  // namespace conveyor::cli

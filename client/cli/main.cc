@@ -1,0 +1,25 @@
+// conveyor: the command-line client. See `conveyor --help`.
+#include <CLI/CLI.hpp>
+
+#include "client/cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "conveyor: a data loader for training. It indexes CNTK text-format datasets, parses them "
+      "in parallel and assembles dense and sparse (CSC) minibatches.\n"
+      "A configuration (YAML, JSON, or a CNTK BrainScript reader block) names the datasets.\n"
+      "Examples:\n"
+      "  conveyor inspect examples/conveyor.yaml\n"
+      "  conveyor dump examples/conveyor.yaml --dataset simple --randomize off --minibatch-size 4\n"
+      "  conveyor bench examples/conveyor.yaml --dataset sparse --threads 2 --json",
+      "conveyor"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "conveyor 0.1.0");
+  int exit_code = 0;
+  conveyor::cli::RegisterInspect(app, &exit_code);
+  conveyor::cli::RegisterIndex(app, &exit_code);
+  conveyor::cli::RegisterDump(app, &exit_code);
+  conveyor::cli::RegisterBench(app, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

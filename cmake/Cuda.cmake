@@ -1,0 +1,22 @@
+# CONVEYOR_CUDA: AUTO enables the CUDA backend where nvcc is found (PATH, CUDACXX or
+# /usr/local/cuda); OFF builds the stub; ON fails without nvcc.
+set(CONVEYOR_HAVE_CUDA OFF)
+if(NOT CONVEYOR_CUDA STREQUAL "OFF")
+  if(NOT DEFINED ENV{CUDACXX} AND NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      # Hopper (the device machine) plus a PTX fallback JIT-compiled on anything newer.
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(CONVEYOR_HAVE_CUDA ON)
+  elseif(CONVEYOR_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "CONVEYOR_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "conveyor: CUDA backend ${CONVEYOR_HAVE_CUDA}")

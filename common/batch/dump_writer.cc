@@ -1,0 +1,107 @@
+#include "common/batch/dump_writer.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+
+namespace {
+template <typename T>
+void AppendReal(T v, int precision, std::string* out) {
+  if (std::isnan(v)) {
+    out->append("NaN");
+    return;
+  }
+  if (std::isinf(v)) {
+    out->append(v > 0 ? "Infinity" : "-Infinity");
+    return;
+  }
+  char buf[40];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general, precision);
+  out->append(buf, r.ptr);
+}
+
+template <typename T>
+T Load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+int64_t LoadIndex(const ArrayDesc& a, const std::byte* base, uint64_t i) {
+  return a.dtype == DType::kInt64 ? Load<int64_t>(base + a.offset + i * 8)
+                                  : Load<int32_t>(base + a.offset + i * 4);
+}
+
+template <typename T>
+void AppendStream(const StreamLayout& L, uint64_t n, const std::byte* base, std::string* out) {
+  const uint64_t len = L.lengths.present() ? static_cast<uint64_t>(Load<int32_t>(base + L.lengths.offset + n * 4)) : 1;
+  const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
+  const T* values = reinterpret_cast<const T*>(base + L.values.offset);
+  if (L.format == StreamFormat::kDense) {
+    out->append("{\"dense\":[");
+    for (uint64_t t = 0; t < len; ++t) {
+      if (t) out->push_back(',');
+      out->push_back('[');
+      const T* row = values + (n * T_len + t) * L.dim;
+      for (uint32_t j = 0; j < L.dim; ++j) {
+        if (j) out->push_back(',');
+        AppendNumber(row[j], out);
+      }
+      out->push_back(']');
+    }
+    out->append("]}");
+    return;
+  }
+  out->append("{\"sparse\":[");
+  for (uint64_t t = 0; t < len; ++t) {
+    if (t) out->push_back(',');
+    out->push_back('[');
+    const uint64_t col = n * T_len + t;
+    const int64_t b = LoadIndex(L.colptr, base, col), e = LoadIndex(L.colptr, base, col + 1);
+    for (int64_t k = b; k < e; ++k) {
+      if (k > b) out->push_back(',');
+      out->push_back('[');
+      absl::StrAppend(out, Load<int32_t>(base + L.rowind.offset + k * 4));
+      out->push_back(',');
+      AppendNumber(Load<T>(base + L.values.offset + k * sizeof(T)), out);
+      out->push_back(']');
+    }
+    out->push_back(']');
+  }
+  out->append("]}");
+}
+}  // namespace
+
+void AppendNumber(float v, std::string* out) { AppendReal(v, 9, out); }
+void AppendNumber(double v, std::string* out) { AppendReal(v, 17, out); }
+
+void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
+                absl::Span<const std::byte> bytes, std::string* out) {
+  const std::byte* base = bytes.data();
+  for (uint64_t n = 0; n < plan.num_sequences; ++n) {
+    absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"", plan.keys[n],
+                    "\",\"streams\":{");
+    for (size_t s = 0; s < plan.streams.size(); ++s) {
+      if (s) out->push_back(',');
+      // Stream names come from the configuration: escape what JSON requires.
+      out->push_back('"');
+      for (char c : plan.streams[s].name) {
+        if (c == '"' || c == '\\') out->push_back('\\');
+        out->push_back(c);
+      }
+      out->append("\":");
+      if (plan.precision == Precision::kFloat) {
+        AppendStream<float>(plan.streams[s], n, base, out);
+      } else {
+        AppendStream<double>(plan.streams[s], n, base, out);
+      }
+    }
+    out->append("}}\n");
+  }
+}
+
+}  // namespace conveyor

@@ -1,0 +1,25 @@
+// dump_writer.h: the dump format of DESIGN.md section 4, JSON Lines, one object per
+// sequence in delivery order, read back out of an assembled batch (so that a dump checks
+// the batch layout, not the parser's columns):
+//   {"epoch":0,"batch":0,"key":"100","streams":{"a":{"dense":[[1,2,3]]},"b":{"sparse":[[[3,1.5]]]}}}
+// floats print with %.9g, doubles with %.17g; non-finite values as Infinity/-Infinity/NaN.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/types/span.h"
+#include "common/batch/batch_layout.h"
+
+namespace conveyor {
+
+// Appends the lines of one batch to `out`. `bytes` is the batch as `plan` lays it out.
+void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
+                absl::Span<const std::byte> bytes, std::string* out);
+
+// Appends `v` as the dump prints it.
+void AppendNumber(float v, std::string* out);
+void AppendNumber(double v, std::string* out);
+
+}  // namespace conveyor

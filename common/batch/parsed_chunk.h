@@ -1,0 +1,57 @@
+// parsed_chunk.h: a chunk after parsing, in columnar form: what every deserializer produces
+// and every assembler consumes. Per stream, samples of all the chunk's good sequences are
+// stored back to back (dense: `dim` values a sample; sparse: per-sample nnz ranges into
+// `indices`/`values`, indices in file order). Sequences dropped as bad (maxErrors > 0) have
+// no data; `slot_of` maps the chunk's index sequences to parsed sequences.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/config/dataset_config.h"
+
+namespace conveyor {
+
+struct ParsedStream {
+  StreamFormat format = StreamFormat::kDense;
+  uint32_t dim = 0;
+  // Sample range of parsed sequence i: [sequence_begin[i], sequence_begin[i+1]).
+  std::vector<uint64_t> sequence_begin{0};
+  // sparse: nnz range of sample j: [nnz_begin[j], nnz_begin[j+1]).
+  std::vector<uint64_t> nnz_begin{0};
+  std::vector<int32_t> indices;  // sparse row indices; ids for format ids
+  // Values in the dataset's precision: exactly one of these is used.
+  std::vector<float> values_f32;
+  std::vector<double> values_f64;
+
+  uint64_t num_samples(uint64_t seq) const { return sequence_begin[seq + 1] - sequence_begin[seq]; }
+  uint64_t total_samples() const { return sequence_begin.back(); }
+  template <typename T>
+  std::vector<T>& values();
+  template <typename T>
+  const std::vector<T>& values() const;
+};
+
+template <>
+inline std::vector<float>& ParsedStream::values<float>() { return values_f32; }
+template <>
+inline std::vector<double>& ParsedStream::values<double>() { return values_f64; }
+template <>
+inline const std::vector<float>& ParsedStream::values<float>() const { return values_f32; }
+template <>
+inline const std::vector<double>& ParsedStream::values<double>() const { return values_f64; }
+
+struct ParsedChunk {
+  uint64_t chunk_id = 0;
+  Precision precision = Precision::kFloat;
+  std::vector<ParsedStream> streams;  // in the dataset's stream order
+  std::vector<uint64_t> keys;         // per parsed sequence
+  std::vector<uint32_t> lengths;      // per parsed sequence: samples for minibatch counting
+  std::vector<int32_t> slot_of;       // per index sequence of the chunk: parsed slot or -1
+
+  uint64_t num_sequences() const { return keys.size(); }
+  // Approximate heap bytes held, for cache accounting.
+  uint64_t MemoryBytes() const;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,370 @@
+#include "common/config/config_loader.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/config/config_tree.h"
+#include "common/status_macros.h"
+
+namespace conveyor {
+namespace {
+
+std::string Lower(std::string_view s) { return absl::AsciiStrToLower(absl::string_view(s.data(), s.size())); }
+
+std::string JoinPath(const std::string& dir, const std::string& file) {
+  if (file.empty() || dir.empty() || file.front() == '/') return file;
+  if (dir.back() == '/') return dir + file;
+  return dir + "/" + file;
+}
+
+class Converter {
+ public:
+  Converter(std::string source, std::string base_dir, bool brainscript, Config* out)
+      : source_(std::move(source)), base_dir_(std::move(base_dir)),
+        brainscript_(brainscript), out_(out) {}
+
+  absl::Status Error(const ConfigNode& at, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source_, ":", at.line, ":", at.column, ": ", what));
+  }
+
+  // Unknown keys are errors in YAML (they are typos) and warnings in BrainScript, whose
+  // reader blocks legitimately carry keys for other CNTK components.
+  absl::Status Unknown(const ConfigNode& at, const std::string& key, const std::string& where) {
+    std::string msg = absl::StrCat("unknown key '", key, "' in ", where);
+    if (brainscript_) {
+      out_->warnings.push_back(absl::StrCat(source_, ":", at.line, ":", at.column, ": ", msg, " (ignored)"));
+      return absl::OkStatus();
+    }
+    return Error(at, msg);
+  }
+
+  absl::StatusOr<bool> Bool(const ConfigNode& n, const std::string& key) const {
+    if (n.kind != ConfigNode::Kind::kScalar) return Error(n, absl::StrCat("expected true or false for '", key, "'"));
+    std::string v = Lower(n.scalar);
+    if (v == "true" || v == "yes" || v == "on" || v == "1" || v == "auto") return true;
+    if (v == "false" || v == "no" || v == "off" || v == "0" || v == "none") return false;
+    return Error(n, absl::StrCat("expected true or false for '", key, "', found '", n.scalar, "'"));
+  }
+
+  absl::StatusOr<uint64_t> UInt(const ConfigNode& n, const std::string& key, uint64_t min,
+                                uint64_t max) const {
+    uint64_t v = 0;
+    const std::string& s = n.scalar;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (n.kind != ConfigNode::Kind::kScalar || s.empty() || ec != std::errc() ||
+        p != s.data() + s.size()) {
+      return Error(n, absl::StrCat("expected a non-negative integer for '", key, "', found '", s, "'"));
+    }
+    if (v < min || v > max) {
+      return Error(n, absl::StrCat("'", key, "' must be between ", min, " and ", max, ", found ", v));
+    }
+    return v;
+  }
+
+  absl::StatusOr<std::string> String(const ConfigNode& n, const std::string& key) const {
+    if (n.kind != ConfigNode::Kind::kScalar || n.scalar.empty())
+      return Error(n, absl::StrCat("expected a string for '", key, "'"));
+    return n.scalar;
+  }
+
+  absl::Status Streams(const ConfigNode& input, DeserializerConfig* d) {
+    if (!input.is_map() || input.map.empty())
+      return Error(input, "expected 'input' to map stream names to {dim, format}");
+    std::set<std::string> aliases;
+    for (const auto& [name, s] : input.map) {
+      if (!s.is_map()) return Error(s, absl::StrCat("expected a block for input '", name, "'"));
+      StreamConfig sc;
+      sc.name = name;
+      bool have_format = false, have_dim = false;
+      for (const auto& [k, v] : s.map) {
+        const std::string key = Lower(k);
+        if (key == "alias") {
+          ASSIGN_OR_RETURN(sc.alias, String(v, k));
+        } else if (key == "dim") {
+          ASSIGN_OR_RETURN(sc.dim, UInt(v, k, 1, kMaxDim));
+          have_dim = true;
+        } else if (key == "format") {
+          std::string f = Lower(v.scalar);
+          if (f == "dense") sc.format = StreamFormat::kDense;
+          else if (f == "sparse") sc.format = StreamFormat::kSparse;
+          else if (f == "ids") sc.format = StreamFormat::kIds;
+          else return Error(v, absl::StrCat("expected format dense, sparse or ids for input '", name, "', found '", v.scalar, "'"));
+          have_format = true;
+        } else if (key == "definesmbsize") {
+          ASSIGN_OR_RETURN(sc.defines_mb_size, Bool(v, k));
+        } else {
+          RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "' (expected alias, dim, format, definesMBSize)")));
+        }
+      }
+      if (!have_format) return Error(s, absl::StrCat("input '", name, "' needs 'format: dense' or 'format: sparse'"));
+      if (!have_dim && sc.format != StreamFormat::kIds)
+        return Error(s, absl::StrCat("input '", name, "' needs 'dim'"));
+      if (sc.format == StreamFormat::kIds && d->type == "CNTKTextFormat")
+        return Error(s, absl::StrCat("input '", name, "': format 'ids' is not available for CNTKTextFormat (use dense or sparse)"));
+      if (sc.alias.empty()) sc.alias = sc.name;
+      if (!aliases.insert(sc.alias).second)
+        return Error(s, absl::StrCat("alias '", sc.alias, "' is used by two inputs"));
+      d->streams.push_back(std::move(sc));
+    }
+    int defining = 0;
+    for (const auto& sc : d->streams) defining += sc.defines_mb_size;
+    if (defining > 1)
+      return Error(input, "only a single input may set definesMBSize");
+    return absl::OkStatus();
+  }
+
+  // Dataset-level keys; returns true when `key` was one of them.
+  absl::StatusOr<bool> DatasetKey(const std::string& k, const ConfigNode& v, DatasetConfig* ds) {
+    const std::string key = Lower(k);
+    if (key == "randomize") {
+      ASSIGN_OR_RETURN(ds->randomize, Bool(v, k));
+    } else if (key == "randomizationwindow") {
+      ASSIGN_OR_RETURN(ds->randomization_window, UInt(v, k, 1, UINT64_MAX));
+    } else if (key == "samplebasedrandomizationwindow") {
+      ASSIGN_OR_RETURN(ds->sample_based_randomization_window, Bool(v, k));
+    } else if (key == "randomizationseed") {
+      ASSIGN_OR_RETURN(ds->randomization_seed, UInt(v, k, 0, UINT64_MAX));
+    } else if (key == "framemode") {
+      ASSIGN_OR_RETURN(ds->frame_mode, Bool(v, k));
+    } else if (key == "truncated") {
+      ASSIGN_OR_RETURN(ds->truncated, Bool(v, k));
+    } else if (key == "truncationlength") {
+      ASSIGN_OR_RETURN(ds->truncation_length, UInt(v, k, 0, UINT32_MAX));
+    } else if (key == "maxerrors") {
+      ASSIGN_OR_RETURN(ds->max_errors, UInt(v, k, 0, UINT64_MAX));
+    } else if (key == "tracelevel" || key == "verbosity") {
+      ASSIGN_OR_RETURN(uint64_t t, UInt(v, k, 0, 2));
+      ds->trace_level = static_cast<int>(t);
+    } else if (key == "keepdatainmemory") {
+      ASSIGN_OR_RETURN(ds->keep_data_in_memory, Bool(v, k));
+    } else if (key == "cacheindex") {
+      ASSIGN_OR_RETURN(ds->cache_index, Bool(v, k));
+    } else if (key == "epochsize") {
+      ASSIGN_OR_RETURN(uint64_t e, UInt(v, k, 0, UINT64_MAX));
+      if (e > 0) ds->epoch_size = e;  // CNTK: 0 means one sweep
+    } else if (key == "precision") {
+      std::string p = Lower(v.scalar);
+      if (p == "float") ds->precision = Precision::kFloat;
+      else if (p == "double") ds->precision = Precision::kDouble;
+      else return Error(v, absl::StrCat("expected precision float or double, found '", v.scalar, "'"));
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  // Deserializer keys (file, input, ...); the CTF reader block of BrainScript mixes these
+  // with dataset keys.
+  absl::StatusOr<bool> DeserializerKey(const std::string& k, const ConfigNode& v,
+                                       DeserializerConfig* d) {
+    const std::string key = Lower(k);
+    if (key == "type" || key == "readertype") {
+      ASSIGN_OR_RETURN(std::string t, String(v, k));
+      const std::string lt = Lower(t);
+      if (lt == "cntktextformat" || lt == "cntktextformatreader" || lt == "cntktextformatdeserializer") {
+        d->type = "CNTKTextFormat";
+      } else if (lt == "cntkbinary" || lt == "cntkbinaryreader" || lt == "cntkbinaryformatdeserializer" ||
+                 lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" || lt == "kalditable" ||
+                 lt == "htkfeaturedeserializer" || lt == "htkmlfdeserializer") {
+        return absl::UnimplementedError(absl::StrCat(
+            source_, ":", v.line, ":", v.column, ": deserializer type '", t,
+            "' is not supported by this build yet; CNTKTextFormat is"));
+      } else {
+        return Error(v, absl::StrCat("unknown deserializer type '", t, "' (expected CNTKTextFormat, CNTKBinary, HTKFeature, HTKMLF or KaldiTable)"));
+      }
+    } else if (key == "file") {
+      ASSIGN_OR_RETURN(std::string f, String(v, k));
+      d->file = JoinPath(base_dir_, f);
+    } else if (key == "input") {
+      RETURN_IF_ERROR(Streams(v, d));
+    } else if (key == "skipsequenceids") {
+      ASSIGN_OR_RETURN(d->skip_sequence_ids, Bool(v, k));
+    } else if (key == "chunksizeinbytes") {
+      ASSIGN_OR_RETURN(d->chunk_size_in_bytes, UInt(v, k, kMinChunkSizeInBytes, UINT64_MAX));
+    } else if (key == "maxerrors") {
+      ASSIGN_OR_RETURN(d->max_errors, UInt(v, k, 0, UINT64_MAX));
+    } else if (key == "tracelevel") {
+      ASSIGN_OR_RETURN(uint64_t t, UInt(v, k, 0, 2));
+      d->trace_level = static_cast<int>(t);
+    } else if (key == "module") {
+      // CNTK's plugin name: meaningless here.
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  absl::Status FinishDeserializer(const ConfigNode& at, DeserializerConfig* d) {
+    if (d->type.empty()) d->type = "CNTKTextFormat";
+    if (d->file.empty()) return Error(at, "the deserializer needs 'file'");
+    if (d->streams.empty()) return Error(at, "the deserializer needs 'input' with at least one stream");
+    return absl::OkStatus();
+  }
+
+  absl::Status Deserializer(const ConfigNode& n, DatasetConfig* ds) {
+    if (!n.is_map()) return Error(n, "expected a deserializer block");
+    DeserializerConfig d;
+    // `type` first: stream validation depends on it.
+    if (const ConfigNode* t = n.Get("type")) RETURN_IF_ERROR(DeserializerKey("type", *t, &d).status());
+    for (const auto& [k, v] : n.map) {
+      if (absl::EqualsIgnoreCase(k, "type")) continue;
+      ASSIGN_OR_RETURN(bool known, DeserializerKey(k, v, &d));
+      if (!known) RETURN_IF_ERROR(Unknown(v, k, "deserializer"));
+    }
+    RETURN_IF_ERROR(FinishDeserializer(n, &d));
+    ds->deserializers.push_back(std::move(d));
+    return absl::OkStatus();
+  }
+
+  // A dataset block: dataset keys plus either `deserializers` or (BrainScript single-reader
+  // form) the deserializer keys directly.
+  absl::Status Dataset(const std::string& name, const ConfigNode& n, Precision precision) {
+    if (!n.is_map()) return Error(n, absl::StrCat("expected a block for dataset '", name, "'"));
+    DatasetConfig ds;
+    ds.name = name;
+    ds.precision = precision;
+    DeserializerConfig inline_d;
+    bool has_inline = false;
+    const ConfigNode* deserializers = nullptr;
+    if (const ConfigNode* t = n.Get("readerType")) {
+      RETURN_IF_ERROR(DeserializerKey("readerType", *t, &inline_d).status());
+    }
+    for (const auto& [k, v] : n.map) {
+      if (absl::EqualsIgnoreCase(k, "readerType")) continue;
+      if (absl::EqualsIgnoreCase(k, "deserializers")) {
+        deserializers = &v;
+        continue;
+      }
+      ASSIGN_OR_RETURN(bool known, DatasetKey(k, v, &ds));
+      if (known) continue;
+      ASSIGN_OR_RETURN(known, DeserializerKey(k, v, &inline_d));
+      if (known) {
+        has_inline = true;
+        continue;
+      }
+      RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'")));
+    }
+    if (deserializers != nullptr) {
+      if (has_inline) return Error(n, absl::StrCat("dataset '", name, "' has both 'deserializers' and 'file'/'input'; use one"));
+      if (deserializers->kind == ConfigNode::Kind::kList) {
+        for (const auto& d : deserializers->list) RETURN_IF_ERROR(Deserializer(d, &ds));
+      } else {
+        RETURN_IF_ERROR(Deserializer(*deserializers, &ds));
+      }
+      if (ds.deserializers.empty()) return Error(*deserializers, "expected at least one deserializer");
+    } else {
+      if (!has_inline) return Error(n, absl::StrCat("dataset '", name, "' needs 'deserializers' (or 'file' and 'input')"));
+      RETURN_IF_ERROR(FinishDeserializer(n, &inline_d));
+      ds.deserializers.push_back(std::move(inline_d));
+    }
+    std::set<std::string> names;
+    int defining = 0;
+    for (const auto& s : ds.AllStreams()) {
+      if (!names.insert(s.name).second)
+        return Error(n, absl::StrCat("dataset '", name, "' has two streams called '", s.name, "'"));
+      defining += s.defines_mb_size;
+    }
+    if (defining > 1) return Error(n, absl::StrCat("dataset '", name, "': only one stream may set definesMBSize"));
+    if (ds.frame_mode && ds.truncated)
+      return Error(n, absl::StrCat("dataset '", name, "': frameMode and truncated cannot be combined"));
+    if (ds.truncated && ds.truncation_length == 0)
+      return Error(n, absl::StrCat("dataset '", name, "': truncated needs a truncationLength > 0"));
+    if (out_->Find(name) != nullptr) return Error(n, absl::StrCat("dataset '", name, "' is defined twice"));
+    out_->datasets.push_back(std::move(ds));
+    return absl::OkStatus();
+  }
+
+  absl::Status Yaml(const ConfigNode& root) {
+    if (!root.is_map()) return Error(root, "expected a mapping with 'datasets:' at the top");
+    for (const auto& [k, v] : root.map) {
+      const std::string key = Lower(k);
+      if (key == "listen") {
+        ASSIGN_OR_RETURN(out_->listen, String(v, k));
+      } else if (key == "datasets") {
+        if (!v.is_map() || v.map.empty()) return Error(v, "expected 'datasets' to map names to dataset blocks");
+        for (const auto& [name, ds] : v.map) RETURN_IF_ERROR(Dataset(name, ds, Precision::kFloat));
+      } else {
+        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, datasets)"));
+      }
+    }
+    if (out_->datasets.empty()) return Error(root, "the configuration defines no dataset ('datasets:' is missing)");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Precision> PrecisionOf(const ConfigNode& block, Precision dflt) const {
+    const ConfigNode* p = block.Get("precision");
+    if (p == nullptr) return dflt;
+    std::string v = Lower(p->scalar);
+    if (v == "float") return Precision::kFloat;
+    if (v == "double") return Precision::kDouble;
+    return Error(*p, absl::StrCat("expected precision float or double, found '", p->scalar, "'"));
+  }
+
+  absl::Status BrainScript(const ConfigNode& root) {
+    ASSIGN_OR_RETURN(Precision top, PrecisionOf(root, Precision::kFloat));
+    for (const auto& [k, v] : root.map) {
+      if (!v.is_map()) continue;
+      if (absl::EqualsIgnoreCase(k, "reader")) {
+        RETURN_IF_ERROR(Dataset("reader", v, top));
+      } else if (const ConfigNode* reader = v.Get("reader"); reader != nullptr && reader->is_map()) {
+        ASSIGN_OR_RETURN(Precision p, PrecisionOf(v, top));
+        RETURN_IF_ERROR(Dataset(k, *reader, p));
+      }
+    }
+    if (out_->datasets.empty())
+      return Error(root, "no 'reader = [ ... ]' block found (expected a CNTK reader section)");
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string source_;
+  const std::string base_dir_;
+  const bool brainscript_;
+  Config* const out_;
+};
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& source,
+                                   const std::string& base_dir) {
+  if (text.size() > kMaxConfigBytes)
+    return absl::InvalidArgumentError(absl::StrCat(source, ": configuration is larger than ", kMaxConfigBytes, " bytes"));
+  Config config;
+  config.source = source;
+  const bool bs = LooksLikeBrainScript(text);
+  ConfigNode root;
+  if (bs) {
+    ASSIGN_OR_RETURN(root, ParseBrainScript(text, source));
+  } else {
+    ASSIGN_OR_RETURN(root, ParseYamlConfig(text, source));
+  }
+  Converter conv(source, base_dir, bs, &config);
+  if (bs) {
+    RETURN_IF_ERROR(conv.BrainScript(root));
+  } else {
+    RETURN_IF_ERROR(conv.Yaml(root));
+  }
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open configuration: ", std::strerror(errno)));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string dir;
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos) dir = path.substr(0, slash + 1);
+  return ParseConfig(ss.str(), path, dir);
+}
+
+}  // namespace conveyor

@@ -1,0 +1,74 @@
+// dataset_config.h: the in-memory form of a conveyor configuration (DESIGN.md section 2):
+// the daemon's listen address and the datasets it serves, with CNTK's parameter names and
+// defaults. Loaders (config_loader.h) produce it from YAML/JSON or a BrainScript reader block.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+enum class StreamFormat { kDense, kSparse, kIds };
+enum class Precision { kFloat, kDouble };
+
+const char* StreamFormatName(StreamFormat f);
+
+// One input stream of a deserializer.
+struct StreamConfig {
+  std::string name;   // what the stream is called in batches and dumps
+  std::string alias;  // what the file calls it (CTF `|alias`); defaults to `name`
+  StreamFormat format = StreamFormat::kDense;
+  uint64_t dim = 0;   // dense: values per sample; sparse: bound on indices
+  bool defines_mb_size = false;
+};
+
+// One deserializer of a dataset. Only CNTKTextFormat is implemented by this build.
+struct DeserializerConfig {
+  std::string type;  // canonical: "CNTKTextFormat"
+  std::string file;  // absolute or relative to the working directory, already resolved
+  bool skip_sequence_ids = false;
+  uint64_t chunk_size_in_bytes = 32ull << 20;
+  std::optional<uint64_t> max_errors;  // overrides the dataset's value when set
+  std::optional<int> trace_level;
+  std::vector<StreamConfig> streams;
+};
+
+struct DatasetConfig {
+  std::string name;
+  bool randomize = true;
+  std::optional<uint64_t> randomization_window;  // unset: the CNTK default (see sampling/)
+  bool sample_based_randomization_window = false;
+  uint64_t randomization_seed = 0;
+  bool frame_mode = false;
+  bool truncated = false;
+  uint64_t truncation_length = 0;
+  uint64_t max_errors = 0;
+  int trace_level = 1;
+  bool keep_data_in_memory = false;
+  bool cache_index = false;
+  Precision precision = Precision::kFloat;
+  std::optional<uint64_t> epoch_size;  // samples; unset: one sweep
+  std::vector<DeserializerConfig> deserializers;
+
+  // Effective error budget and verbosity (a deserializer may override the dataset's).
+  uint64_t EffectiveMaxErrors() const;
+  int EffectiveTraceLevel() const;
+  // All streams of all deserializers, in configuration order.
+  std::vector<StreamConfig> AllStreams() const;
+};
+
+struct Config {
+  std::string source;  // the file it was loaded from, for messages
+  std::string listen;  // daemon address; empty: the daemon's default
+  std::vector<DatasetConfig> datasets;
+  std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print
+
+  // The dataset called `name`; nullptr if there is none.
+  const DatasetConfig* Find(const std::string& name) const;
+  // A human-readable list "a, b, c" of dataset names, for error messages.
+  std::string DatasetNames() const;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,103 @@
+#include "common/dataset/dataset.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/formats/ctf/ctf_indexer.h"
+#include "common/index/index_cache.h"
+#include "common/status_macros.h"
+
+namespace conveyor {
+
+absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetConfig& config,
+                                                       const DatasetOpenOptions& options) {
+  std::unique_ptr<Dataset> ds(new Dataset(config));
+  RETURN_IF_ERROR(ds->Init(options));
+  return ds;
+}
+
+absl::Status Dataset::Init(const DatasetOpenOptions& options) {
+  if (config_.deserializers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset '", config_.name, "' has no deserializer"));
+  }
+  if (config_.deserializers.size() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "dataset '", config_.name, "' combines ", config_.deserializers.size(),
+        " deserializers; composite datasets are not supported by this build yet"));
+  }
+  const DeserializerConfig& d = config_.deserializers[0];
+  if (d.type != "CNTKTextFormat") {
+    return absl::UnimplementedError(absl::StrCat("deserializer type '", d.type, "' is not supported by this build"));
+  }
+  streams_ = d.streams;
+  diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
+  budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
+  ASSIGN_OR_RETURN(file_, MappedFile::Open(d.file));
+
+  CtfIndexOptions io;
+  io.skip_sequence_ids = d.skip_sequence_ids;
+  for (const auto& s : streams_)
+    if (s.defines_mb_size) io.main_alias = s.alias;
+  io.chunk_size = d.chunk_size_in_bytes;
+  io.threads = options.index_threads;
+  const uint64_t total = file_->bytes().size();
+  if (options.progress) io.progress = [&options, total](uint64_t done) { options.progress(done, total); };
+
+  const uint64_t hash = CtfIndexConfigHash(io);
+  bool loaded = false;
+  if (config_.cache_index) {
+    cache_path_ = IndexCachePath(d.file, hash);
+    auto cached = ReadIndexCache(cache_path_, file_->stamp(), hash);
+    if (cached.ok() && cached->has_value()) {
+      index_ = std::move(**cached);
+      index_.BuildChunks(d.chunk_size_in_bytes);
+      index_source_ = IndexSource::kCache;
+      loaded = true;
+    } else if (!cached.ok()) {
+      index_source_ = absl::IsFailedPrecondition(cached.status()) ? IndexSource::kRebuiltStaleCache
+                                                                  : IndexSource::kRebuiltBadCache;
+      diagnostics_->Report(Severity::kInfo, "index cache",
+                           absl::StrCat(cached.status().message(), "; rebuilding the index"));
+    }
+  }
+  if (!loaded) {
+    ASSIGN_OR_RETURN(index_, BuildCtfIndex(file_->bytes(), d.file, io));
+    if (config_.cache_index) {
+      absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);
+      if (!w.ok()) diagnostics_->Report(Severity::kWarning, "index cache", absl::StrCat(w.message(), " (continuing without a cache)"));
+    }
+  }
+  // Blank rows found by the index pass are input errors like any other.
+  if (index_.errors.count > 0) {
+    const uint64_t first = index_.errors.lines.empty() ? 0 : index_.errors.lines[0] + 1;
+    std::string where = absl::StrCat(d.file, ":", first, ":1: empty row: expected a sequence id or '|' and an input");
+    if (!budget_->Spend(index_.errors.count)) {
+      return absl::DataLossError(absl::StrCat(where, " (", index_.errors.count, " blank rows; more than maxErrors=",
+                                              budget_->max_errors(), " input errors)"));
+    }
+    for (uint64_t l : index_.errors.lines) {
+      diagnostics_->Report(Severity::kWarning, "blank row",
+                           absl::StrCat(d.file, ":", l + 1, ":1: empty row skipped"));
+    }
+  }
+  CtfParserOptions po;
+  po.path = d.file;
+  po.streams = streams_;
+  po.precision = config_.precision;
+  parser_ = std::make_unique<CtfParser>(std::move(po), diagnostics_.get(), budget_.get());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_id) const {
+  return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
+}
+
+uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {
+  const ChunkEntry& c = index_.chunks[chunk_id];
+  return c.end_offset - c.begin_offset;
+}
+
+void Dataset::WillNeed(uint64_t chunk_id) const {
+  const ChunkEntry& c = index_.chunks[chunk_id];
+  file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset);
+}
+
+}  // namespace conveyor

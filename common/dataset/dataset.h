@@ -1,0 +1,79 @@
+// dataset.h: an opened dataset: its deserializer's file mapped, its index built (or loaded
+// from the index cache), its error budget and diagnostics, and the parser that turns one
+// chunk into a ParsedChunk. Everything above it (planner, pipeline, assembler, service)
+// sees only this class.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/batch/parsed_chunk.h"
+#include "common/config/dataset_config.h"
+#include "common/error_budget.h"
+#include "common/formats/ctf/ctf_parser.h"
+#include "common/index/index.h"
+#include "common/log.h"
+#include "common/mapped_file.h"
+
+namespace conveyor {
+
+struct DatasetOpenOptions {
+  int index_threads = 0;  // 0: hardware concurrency
+  // Progress of the index pass: (bytes scanned, total bytes). Called from worker threads.
+  std::function<void(uint64_t, uint64_t)> progress;
+  Diagnostics::Sink diagnostics_sink;  // default: stderr
+  // Replaces the configured maxErrors (`conveyor inspect` counts every error).
+  std::optional<uint64_t> max_errors_override;
+};
+
+// How the index was obtained, for `conveyor index` / `inspect` to report.
+enum class IndexSource { kBuilt, kCache, kRebuiltStaleCache, kRebuiltBadCache };
+
+class Dataset {
+ public:
+  // Opens `config`. Errors: NotFound (data file), InvalidArgument (config, UTF-16 file),
+  // Unimplemented (a deserializer this build lacks, several deserializers), DataLoss (input
+  // errors beyond maxErrors found by the index pass, e.g. blank rows).
+  static absl::StatusOr<std::unique_ptr<Dataset>> Open(const DatasetConfig& config,
+                                                       const DatasetOpenOptions& options = {});
+
+  const DatasetConfig& config() const { return config_; }
+  const Index& index() const { return index_; }
+  const std::vector<StreamConfig>& streams() const { return streams_; }
+  const std::string& path() const { return file_->path(); }
+  uint64_t file_bytes() const { return file_->bytes().size(); }
+  std::string_view bytes() const { return file_->bytes(); }
+  IndexSource index_source() const { return index_source_; }
+  const std::string& index_cache_path() const { return cache_path_; }
+  Diagnostics& diagnostics() const { return *diagnostics_; }
+  uint64_t errors() const { return budget_->spent(); }
+  uint64_t max_errors() const { return budget_->max_errors(); }
+
+  // Parses chunk `chunk_id`. Thread-safe. Errors: DataLoss once maxErrors is exceeded.
+  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;
+
+  // The byte range of a chunk in the file (for readahead and accounting).
+  uint64_t ChunkBytes(uint64_t chunk_id) const;
+  void WillNeed(uint64_t chunk_id) const;
+
+ private:
+  Dataset(DatasetConfig config) : config_(std::move(config)) {}
+  absl::Status Init(const DatasetOpenOptions& options);
+
+  const DatasetConfig config_;
+  std::vector<StreamConfig> streams_;
+  std::unique_ptr<MappedFile> file_;
+  Index index_;
+  IndexSource index_source_ = IndexSource::kBuilt;
+  std::string cache_path_;
+  std::unique_ptr<Diagnostics> diagnostics_;
+  std::unique_ptr<ErrorBudget> budget_;
+  std::unique_ptr<CtfParser> parser_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,266 @@
+#include "common/formats/ctf/ctf_indexer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/index/index_cache.h"
+
+namespace conveyor {
+namespace {
+
+// What one thread learns about its byte range [begin, end) (both at line starts).
+struct RangeResult {
+  std::vector<SequenceEntry> sequences;  // lines relative to the range's first line
+  bool first_has_id = false;            // else the first sequence continues the previous range's
+  bool second_may_continue = false;      // the 2nd sequence's id may equal the previous range's
+  uint64_t first_id = 0;
+  uint64_t lines = 0;                    // newline-terminated lines (+1 for a final partial line)
+  uint64_t inner_blanks = 0;             // blank lines followed by a non-blank line in this range
+  uint64_t trailing_blanks = 0;          // blank lines after the last non-blank line
+  std::vector<uint64_t> blank_lines;     // relative line numbers, first kMaxKept of them
+  bool any_content = false;
+  std::string error;                     // set on a fatal problem
+  uint64_t error_line = 0;
+};
+
+inline bool IsBlankChar(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+// True when `line` carries `|alias` followed by a delimiter, '|', a control char or its end.
+bool HasStream(std::string_view line, std::string_view needle /* "|alias" */) {
+  size_t pos = 0;
+  while ((pos = line.find(needle, pos)) != std::string_view::npos) {
+    size_t after = pos + needle.size();
+    if (after >= line.size()) return true;
+    unsigned char c = static_cast<unsigned char>(line[after]);
+    if (c == ' ' || c == '|' || c < 0x20) return true;
+    pos = after;
+  }
+  return false;
+}
+
+void ScanRange(std::string_view bytes, uint64_t begin, uint64_t end, bool per_line,
+               const std::string& needle, std::atomic<uint64_t>* scanned,
+               const std::function<void(uint64_t)>& progress, RangeResult* out) {
+  const char* base = bytes.data();
+  uint64_t pos = begin;
+  uint64_t line = 0;
+  bool current_known = false;
+  uint64_t current_id = 0;
+  uint64_t pending_blanks = 0;
+  uint64_t reported = begin;
+  while (pos < end) {
+    const char* nl = static_cast<const char*>(std::memchr(base + pos, '\n', end - pos));
+    const uint64_t eol = nl ? static_cast<uint64_t>(nl - base) + 1 : end;
+    std::string_view text(base + pos, eol - pos);
+    uint64_t i = 0;
+    while (i < text.size() && IsBlankChar(text[i])) ++i;
+    const bool blank = i == text.size() || text[i] == '\n';
+    if (blank) {
+      if (out->blank_lines.size() < IndexErrors::kMaxKept) out->blank_lines.push_back(line);
+      ++pending_blanks;
+    } else {
+      out->inner_blanks += pending_blanks;
+      pending_blanks = 0;
+      bool has_id = false;
+      uint64_t id = 0;
+      if (!per_line && text[0] >= '0' && text[0] <= '9') {
+        has_id = true;
+        uint64_t j = 0;
+        for (; j < text.size() && text[j] >= '0' && text[j] <= '9'; ++j) {
+          if (j >= 19) {
+            out->error = "sequence id longer than 19 digits";
+            out->error_line = line;
+            return;
+          }
+          id = id * 10 + static_cast<uint64_t>(text[j] - '0');
+        }
+      }
+      const bool counts = needle.empty() || HasStream(text, needle);
+      if (per_line) {
+        if (counts) {
+          SequenceEntry s;
+          s.key = line;  // made absolute by the merge
+          s.offset = pos;
+          s.line = line;
+          s.size = static_cast<uint32_t>(eol - pos);
+          s.num_samples = 1;
+          out->sequences.push_back(s);
+        }
+      } else {
+        // A new sequence starts at the range's first row and at every id that differs from
+        // the current sequence's. The first row of a range without id continues the previous
+        // range's last sequence, whose id is unknown here: the merge resolves it.
+        bool starts_new;
+        if (!out->any_content) {
+          out->first_has_id = has_id;
+          out->first_id = id;
+          starts_new = true;
+          current_known = has_id;
+        } else if (has_id && !current_known) {
+          starts_new = true;
+          out->second_may_continue = out->sequences.size() == 1;
+          current_known = true;
+        } else {
+          starts_new = has_id && id != current_id;
+        }
+        if (starts_new) {
+          SequenceEntry s;
+          s.key = id;
+          s.offset = pos;
+          s.line = line;
+          out->sequences.push_back(s);
+          if (has_id) current_id = id;
+        }
+        SequenceEntry& cur = out->sequences.back();
+        if (eol - cur.offset >= (1ull << 32)) {
+          out->error = "a sequence of 4 GiB or more";
+          out->error_line = cur.line;
+          return;
+        }
+        cur.size = static_cast<uint32_t>(eol - cur.offset);
+        cur.num_samples += counts ? 1 : 0;
+      }
+      out->any_content = true;
+    }
+    ++line;
+    pos = eol;
+    if (progress && pos - reported >= (8u << 20)) {
+      progress(scanned->fetch_add(pos - reported) + (pos - reported));
+      reported = pos;
+    }
+  }
+  if (progress) progress(scanned->fetch_add(pos - reported) + (pos - reported));
+  out->trailing_blanks = pending_blanks;
+  out->lines = line;
+}
+
+}  // namespace
+
+uint64_t CtfIndexConfigHash(const CtfIndexOptions& options) {
+  std::string key = absl::StrCat("ctf-index-v1|", options.skip_sequence_ids ? 1 : 0, "|",
+                                 options.main_alias);
+  return Fnv1a64(key.data(), key.size());
+}
+
+absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& path,
+                                    const CtfIndexOptions& options) {
+  Index index;
+  index.file_size = bytes.size();
+  uint64_t start = 0;
+  if (bytes.size() >= 2 && ((bytes[0] == '\xFF' && bytes[1] == '\xFE') ||
+                            (bytes[0] == '\xFE' && bytes[1] == '\xFF'))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ":1:1: found a UTF-16 byte-order mark; expected UTF-8 or ASCII text (convert the file with iconv)"));
+  }
+  if (bytes.size() >= 3 && bytes.substr(0, 3) == "\xEF\xBB\xBF") start = 3;
+  // Per-line mode: skipSequenceIds, or the first non-space character is '|'.
+  uint64_t first = start;
+  while (first < bytes.size() && (IsBlankChar(bytes[first]) || bytes[first] == '\n')) ++first;
+  const bool per_line = options.skip_sequence_ids || (first < bytes.size() && bytes[first] == '|');
+  index.keys_are_line_numbers = per_line;
+  const std::string needle = options.main_alias.empty() ? "" : "|" + options.main_alias;
+
+  int threads = options.threads > 0 ? options.threads
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const uint64_t size = bytes.size();
+  // Ranges of at least 4 MiB: below that threads cost more than they save.
+  const uint64_t min_range = 4u << 20;
+  threads = static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(threads, (size - start) / min_range)));
+  std::vector<uint64_t> bounds{start};
+  for (int t = 1; t < threads; ++t) {
+    uint64_t b = start + (size - start) * t / threads;
+    const char* nl = static_cast<const char*>(std::memchr(bytes.data() + b, '\n', size - b));
+    b = nl ? static_cast<uint64_t>(nl - bytes.data()) + 1 : size;
+    if (b > bounds.back()) bounds.push_back(b);
+  }
+  bounds.push_back(size);
+  const size_t nr = bounds.size() - 1;
+  std::vector<RangeResult> results(nr);
+  std::atomic<uint64_t> scanned{0};
+  if (nr == 1) {
+    ScanRange(bytes, bounds[0], bounds[1], per_line, needle, &scanned, options.progress, &results[0]);
+  } else {
+    std::vector<std::thread> pool;
+    for (size_t r = 0; r < nr; ++r) {
+      pool.emplace_back(ScanRange, bytes, bounds[r], bounds[r + 1], per_line, std::cref(needle),
+                        &scanned, std::cref(options.progress), &results[r]);
+    }
+    for (auto& t : pool) t.join();
+  }
+
+  // Merge in order, making lines absolute and joining sequences across range boundaries.
+  uint64_t line_base = 0;
+  uint64_t pending_blanks = 0;
+  size_t total = 0;
+  for (const auto& r : results) total += r.sequences.size();
+  index.sequences.reserve(total);
+  for (size_t r = 0; r < nr; ++r) {
+    RangeResult& res = results[r];
+    if (!res.error.empty()) {
+      return absl::DataLossError(absl::StrCat(path, ":", line_base + res.error_line + 1, ":1: ", res.error));
+    }
+    for (uint64_t l : res.blank_lines) {
+      if (index.errors.lines.size() < IndexErrors::kMaxKept) index.errors.lines.push_back(line_base + l);
+    }
+    if (res.any_content) {
+      index.errors.count += pending_blanks + res.inner_blanks;
+      pending_blanks = res.trailing_blanks;
+    } else {
+      pending_blanks += res.trailing_blanks;
+    }
+    size_t k = 0;
+    if (!per_line && !res.sequences.empty() && !index.sequences.empty()) {
+      // Joins res.sequences[k] into the last merged sequence when it continues it.
+      auto join = [&](const SequenceEntry& s) -> absl::Status {
+        SequenceEntry& prev = index.sequences.back();
+        const uint64_t new_size = s.offset + s.size - prev.offset;
+        if (new_size >= (1ull << 32)) {
+          return absl::DataLossError(absl::StrCat(path, ":", prev.line + 1, ":1: a sequence of 4 GiB or more"));
+        }
+        prev.size = static_cast<uint32_t>(new_size);
+        prev.num_samples += s.num_samples;
+        return absl::OkStatus();
+      };
+      const uint64_t prev_key = index.sequences.back().key;
+      if (!res.first_has_id || res.first_id == prev_key) {
+        absl::Status st = join(res.sequences[0]);
+        if (!st.ok()) return st;
+        k = 1;
+        if (!res.first_has_id && res.second_may_continue && res.sequences.size() > 1 &&
+            res.sequences[1].key == prev_key) {
+          st = join(res.sequences[1]);
+          if (!st.ok()) return st;
+          k = 2;
+        }
+      }
+    }
+    for (; k < res.sequences.size(); ++k) {
+      SequenceEntry s = res.sequences[k];
+      s.line += line_base;
+      if (per_line) s.key = s.line;
+      index.sequences.push_back(s);
+    }
+    line_base += res.lines;
+  }
+  // Trailing blank lines at the end of the file are not errors; drop their kept positions.
+  if (pending_blanks > 0) {
+    const uint64_t first_trailing = line_base - pending_blanks;
+    auto& kept = index.errors.lines;
+    kept.erase(std::remove_if(kept.begin(), kept.end(),
+                              [&](uint64_t l) { return l >= first_trailing; }),
+               kept.end());
+  }
+  // A definesMBSize stream absent from a whole sequence: the sequence is not indexed (CNTK).
+  if (!needle.empty()) {
+    index.sequences.erase(std::remove_if(index.sequences.begin(), index.sequences.end(),
+                                         [](const SequenceEntry& s) { return s.num_samples == 0; }),
+                          index.sequences.end());
+  }
+  index.BuildChunks(options.chunk_size);
+  return index;
+}
+
+}  // namespace conveyor

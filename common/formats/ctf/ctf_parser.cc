@@ -1,0 +1,396 @@
+#include "common/formats/ctf/ctf_parser.h"
+
+#include <fast_float/fast_float.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+namespace {
+
+// A delimiter between values and inputs: space, tab, and control characters but '\n'.
+inline bool IsDelimiter(char c) {
+  return c == ' ' || c == '\t' || (static_cast<unsigned char>(c) < 0x20 && c != '\n');
+}
+inline bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+// What may follow a number: end of input, a delimiter, '|' or the end of the line.
+inline bool EndsValue(const char* p, const char* end) {
+  return p == end || *p == '|' || *p == '\n' || IsDelimiter(*p);
+}
+
+std::string Printable(char c) {
+  if (c == '\n') return "end of line";
+  if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+    return absl::StrCat("byte 0x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+  return absl::StrCat("'", std::string(1, c), "'");
+}
+
+template <typename T>
+class ChunkParser {
+ public:
+  ChunkParser(const CtfParserOptions& options, int main_stream, Diagnostics* diagnostics,
+              ErrorBudget* budget, std::string_view file, ParsedChunk* out)
+      : options_(options), main_stream_(main_stream), diagnostics_(diagnostics), budget_(budget),
+        file_(file), out_(out), last_row_(options.streams.size(), 0) {}
+
+  // Parses one sequence; on a sequence error spends the budget and drops it. Returns false
+  // once the budget is exceeded (status() says why).
+  bool Sequence(const SequenceEntry& s) {
+    const char* p = file_.data() + s.offset;
+    const char* const end = p + s.size;
+    line_ = s.line;
+    line_start_ = p;
+    key_ = s.key;
+    error_.clear();
+    Save();
+    uint64_t rows = 0;
+    while (p < end && error_.empty()) {
+      bool blank = true;
+      if (!Row(&p, end, &blank)) break;
+      if (!blank) ++rows;
+    }
+    if (error_.empty()) Finish(s, rows);
+    if (!error_.empty()) {
+      Restore();
+      out_->slot_of.push_back(-1);
+      if (!budget_->Spend()) {
+        status_ = absl::DataLossError(absl::StrCat(
+            error_, " (more than maxErrors=", budget_->max_errors(),
+            " input errors; raise maxErrors to skip bad sequences)"));
+        return false;
+      }
+      diagnostics_->Report(Severity::kWarning, "skipped sequence",
+                           absl::StrCat(error_, "; sequence ", key_, " skipped"));
+      return true;
+    }
+    out_->slot_of.push_back(static_cast<int32_t>(out_->keys.size()));
+    out_->keys.push_back(s.key);
+    out_->lengths.push_back(length_);
+    for (auto& st : out_->streams) st.sequence_begin.push_back(SampleCount(st));
+    return true;
+  }
+
+  const absl::Status& status() const { return status_; }
+
+ private:
+  void Fail(const char* at, const std::string& what) {
+    if (!error_.empty()) return;
+    error_ = absl::StrCat(options_.path, ":", line_ + 1, ":", at - line_start_ + 1, ": ", what);
+  }
+
+  static uint64_t SampleCount(const ParsedStream& st) {
+    return st.format == StreamFormat::kDense ? st.values<T>().size() / st.dim
+                                             : st.nnz_begin.size() - 1;
+  }
+
+  void Save() {
+    saved_.resize(out_->streams.size());
+    for (size_t i = 0; i < out_->streams.size(); ++i) {
+      const auto& st = out_->streams[i];
+      saved_[i] = {st.values<T>().size(), st.indices.size(), st.nnz_begin.size()};
+    }
+  }
+  void Restore() {
+    for (size_t i = 0; i < out_->streams.size(); ++i) {
+      auto& st = out_->streams[i];
+      st.values<T>().resize(saved_[i].values);
+      st.indices.resize(saved_[i].indices);
+      st.nnz_begin.resize(saved_[i].nnz);
+    }
+  }
+
+  // Checks the sequence as a whole and sets length_.
+  void Finish(const SequenceEntry& s, uint64_t rows) {
+    uint64_t longest = 0;
+    for (size_t i = 0; i < out_->streams.size(); ++i) {
+      const auto& st = out_->streams[i];
+      const uint64_t n = SampleCount(st) - (st.format == StreamFormat::kDense
+                                                ? saved_[i].values / st.dim
+                                                : saved_[i].nnz - 1);
+      longest = std::max(longest, n);
+      if (static_cast<int>(i) == main_stream_) length_ = n;
+    }
+    const char* first = file_.data() + s.offset;
+    line_ = s.line;
+    line_start_ = first;
+    if (rows > longest) {
+      Fail(first, absl::StrCat("sequence ", s.key, " has ", rows, " rows but its longest input has ",
+                               longest, " samples: expected one sample of the longest input on every row"));
+      return;
+    }
+    if (main_stream_ < 0) {
+      length_ = longest;
+    } else if (length_ == 0) {
+      Fail(first, absl::StrCat("sequence ", s.key, " has no sample of input '",
+                               options_.streams[main_stream_].name, "', which defines the minibatch size"));
+    }
+  }
+
+  // One row, up to and including its '\n'. Returns false on an error.
+  bool Row(const char** pp, const char* end, bool* blank) {
+    const char* p = *pp;
+    ++row_serial_;
+    // A row may start with a sequence id (digits); it was handled by the indexer.
+    while (p < end && IsDigit(*p)) {
+      ++p;
+      *blank = false;
+    }
+    bool any_sample = false;
+    while (p < end) {
+      const char c = *p;
+      if (c == '\n') {
+        ++p;
+        break;
+      }
+      if (IsDelimiter(c)) {
+        ++p;
+        continue;
+      }
+      *blank = false;
+      if (c != '|') {
+        Fail(p, absl::StrCat("unexpected ", Printable(c), ": expected '|' and an input name"));
+        return false;
+      }
+      ++p;
+      if (p < end && *p == '#') {  // comment: to the next '|' or the end of the line
+        while (p < end && *p != '|' && *p != '\n') ++p;
+        continue;
+      }
+      const char* name = p;
+      while (p < end && *p != '|' && !IsDelimiter(*p) && *p != '\n') ++p;
+      if (p == name) {
+        Fail(name, absl::StrCat("'|' is followed by ", p < end ? Printable(*p) : "the end of the file",
+                                ": expected an input name"));
+        return false;
+      }
+      const std::string_view alias(name, p - name);
+      int stream = -1;
+      for (size_t i = 0; i < options_.streams.size(); ++i) {
+        if (options_.streams[i].alias == alias) {
+          stream = static_cast<int>(i);
+          break;
+        }
+      }
+      if (stream < 0) {  // not configured: skip it (a file may carry more inputs)
+        diagnostics_->Report(Severity::kInfo, "unknown input",
+                             absl::StrCat(options_.path, ":", line_ + 1, ":", name - line_start_,
+                                          ": skipping input '", std::string(alias), "', which the configuration does not name"));
+        while (p < end && *p != '|' && *p != '\n') ++p;
+        continue;
+      }
+      if (last_row_[stream] == row_serial_) {
+        Fail(name - 1, absl::StrCat("input '", std::string(alias), "' appears twice on one row: expected one sample per input per row"));
+        return false;
+      }
+      last_row_[stream] = row_serial_;
+      ParsedStream& st = out_->streams[stream];
+      const bool ok = st.format == StreamFormat::kDense ? Dense(&p, end, stream, &st)
+                                                        : Sparse(&p, end, stream, &st);
+      if (!ok) return false;
+      any_sample = true;
+    }
+    if (!any_sample && !*blank) {
+      Fail(*pp, "empty row: expected at least one input named in the configuration");
+      return false;
+    }
+    if (p <= end && p > *pp && p[-1] == '\n') {
+      ++line_;
+      line_start_ = p;
+    }
+    *pp = p;
+    return true;
+  }
+
+  bool Real(const char** pp, const char* end, const std::string& what, T* value) {
+    const char* p = *pp;
+    const char* digits = p;
+    if (*p == '+') {
+      ++p;
+      digits = p;
+    } else if (*p == '-') {
+      digits = p + 1;
+    }
+    if (digits == end || !IsDigit(*digits)) {
+      Fail(*pp, absl::StrCat("unexpected ", digits == end ? "end of input" : Printable(*digits),
+                             ": expected a number for ", what));
+      return false;
+    }
+    auto r = fast_float::from_chars(p, end, *value);
+    if (r.ec != std::errc() || !std::isfinite(*value)) {
+      Fail(*pp, absl::StrCat("number out of range for ", what));
+      return false;
+    }
+    if (!EndsValue(r.ptr, end)) {
+      Fail(r.ptr, absl::StrCat("unexpected ", Printable(*r.ptr), " in a number for ", what));
+      return false;
+    }
+    *pp = r.ptr;
+    return true;
+  }
+
+  bool Dense(const char** pp, const char* end, int stream, ParsedStream* st) {
+    const char* p = *pp;
+    std::vector<T>& values = st->values<T>();
+    const uint32_t dim = st->dim;
+    const size_t base = values.size();
+    values.resize(base + dim);  // zero-filled: a short sample is zero-padded
+    T* out = values.data() + base;
+    uint32_t n = 0;
+    while (true) {
+      while (p < end && IsDelimiter(*p)) ++p;
+      if (p == end || *p == '|' || *p == '\n') break;
+      if (n == dim) {
+        Fail(p, absl::StrCat("input '", options_.streams[stream].name, "' has more than dim=", dim,
+                             " values: expected at most ", dim));
+        return false;
+      }
+      if (!Real(&p, end, absl::StrCat("input '", options_.streams[stream].name, "'"), out + n)) return false;
+      ++n;
+    }
+    if (n < dim) {
+      diagnostics_->Report(Severity::kWarning, "short dense sample",
+                           absl::StrCat(options_.path, ":", line_ + 1, ":", *pp - line_start_ + 1,
+                                        ": input '", options_.streams[stream].name, "' has ", n,
+                                        " of dim=", dim, " values; zero-padded"));
+    }
+    *pp = p;
+    return true;
+  }
+
+  bool Sparse(const char** pp, const char* end, int stream, ParsedStream* st) {
+    const char* p = *pp;
+    std::vector<T>& values = st->values<T>();
+    const uint64_t dim = st->dim;
+    while (true) {
+      while (p < end && IsDelimiter(*p)) ++p;
+      if (p == end || *p == '|' || *p == '\n') break;
+      if (!IsDigit(*p)) {
+        Fail(p, absl::StrCat("unexpected ", Printable(*p), ": expected a sparse index (0 to ", dim - 1,
+                             ") for input '", options_.streams[stream].name, "'"));
+        return false;
+      }
+      const char* idx_begin = p;
+      uint64_t idx = 0;
+      while (p < end && IsDigit(*p)) {
+        // Saturate instead of overflowing: anything >= dim is refused below.
+        idx = idx < dim ? idx * 10 + static_cast<uint64_t>(*p - '0') : dim;
+        ++p;
+      }
+      if (idx >= dim) {
+        Fail(idx_begin, absl::StrCat("sparse index ", std::string(idx_begin, std::min<size_t>(p - idx_begin, 24)),
+                                     " of input '", options_.streams[stream].name,
+                                     "' is out of range: expected an index below dim=", dim));
+        return false;
+      }
+      if (p == end || *p != ':') {
+        Fail(p, absl::StrCat("unexpected ", p == end ? "end of input" : Printable(*p),
+                             ": expected ':' after the sparse index ", idx));
+        return false;
+      }
+      ++p;
+      T v;
+      if (!Real(&p, end, absl::StrCat("input '", options_.streams[stream].name, "'"), &v)) return false;
+      st->indices.push_back(static_cast<int32_t>(idx));
+      values.push_back(v);
+    }
+    st->nnz_begin.push_back(st->indices.size());
+    *pp = p;
+    return true;
+  }
+
+  struct Saved {
+    size_t values, indices, nnz;
+  };
+  const CtfParserOptions& options_;
+  const int main_stream_;
+  Diagnostics* const diagnostics_;
+  ErrorBudget* const budget_;
+  const std::string_view file_;
+  ParsedChunk* const out_;
+  std::vector<uint64_t> last_row_;
+  std::vector<Saved> saved_;
+  uint64_t row_serial_ = 0;
+  uint64_t line_ = 0;
+  const char* line_start_ = nullptr;
+  uint64_t key_ = 0;
+  uint64_t length_ = 0;
+  std::string error_;
+  absl::Status status_;
+};
+
+std::unique_ptr<ParsedChunk> NewChunk(const CtfParserOptions& options) {
+  auto chunk = std::make_unique<ParsedChunk>();
+  chunk->precision = options.precision;
+  for (const auto& sc : options.streams) {
+    ParsedStream st;
+    st.format = sc.format;
+    st.dim = static_cast<uint32_t>(sc.dim);
+    chunk->streams.push_back(std::move(st));
+  }
+  return chunk;
+}
+
+template <typename T>
+absl::Status ParseAll(const CtfParserOptions& options, int main_stream, Diagnostics* diagnostics,
+                      ErrorBudget* budget, std::string_view file, const SequenceEntry* begin,
+                      const SequenceEntry* end, ParsedChunk* out) {
+  ChunkParser<T> parser(options, main_stream, diagnostics, budget, file, out);
+  for (const SequenceEntry* s = begin; s != end; ++s) {
+    if (!parser.Sequence(*s)) return parser.status();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CtfParser::CtfParser(CtfParserOptions options, Diagnostics* diagnostics, ErrorBudget* budget)
+    : options_(std::move(options)), diagnostics_(diagnostics), budget_(budget) {
+  for (size_t i = 0; i < options_.streams.size(); ++i)
+    if (options_.streams[i].defines_mb_size) main_stream_ = static_cast<int>(i);
+}
+
+absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseSequences(
+    std::string_view file, const std::vector<SequenceEntry>& sequences) const {
+  auto chunk = NewChunk(options_);
+  const SequenceEntry* b = sequences.data();
+  const SequenceEntry* e = b + sequences.size();
+  absl::Status st = options_.precision == Precision::kFloat
+                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get())
+                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get());
+  if (!st.ok()) return st;
+  return chunk;
+}
+
+absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_view file,
+                                                                   const Index& index,
+                                                                   uint64_t chunk_id) const {
+  if (chunk_id >= index.chunks.size()) {
+    return absl::OutOfRangeError(absl::StrCat("chunk ", chunk_id, " of ", index.chunks.size()));
+  }
+  const ChunkEntry& c = index.chunks[chunk_id];
+  auto chunk = NewChunk(options_);
+  chunk->chunk_id = chunk_id;
+  // Reserve from the chunk's byte size: parsing then rarely reallocates.
+  const uint64_t bytes = c.end_offset - c.begin_offset;
+  chunk->keys.reserve(c.num_sequences);
+  chunk->lengths.reserve(c.num_sequences);
+  chunk->slot_of.reserve(c.num_sequences);
+  for (auto& st : chunk->streams) {
+    st.sequence_begin.reserve(c.num_sequences + 1);
+    if (st.format == StreamFormat::kSparse) {
+      st.nnz_begin.reserve(c.num_samples + 1);
+      st.indices.reserve(bytes / 8 / chunk->streams.size());
+    }
+  }
+  const SequenceEntry* b = index.sequences.data() + c.first_sequence;
+  const SequenceEntry* e = b + c.num_sequences;
+  absl::Status st = options_.precision == Precision::kFloat
+                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get())
+                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get());
+  if (!st.ok()) return st;
+  return chunk;
+}
+
+}  // namespace conveyor

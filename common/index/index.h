@@ -1,0 +1,51 @@
+// index.h: what one pass over a data file learns: its sequences (key, byte range, first
+// line, sample count) in file order, grouped into chunks of about chunkSizeInBytes that
+// never split a sequence. Format-independent: every deserializer produces one, and the
+// randomizer, packer and readers work from it alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conveyor {
+
+// One sequence. 32 bytes; trivially copyable (the cache file stores these records).
+struct SequenceEntry {
+  uint64_t key = 0;          // the numeric id as written, or the 0-based line number
+  uint64_t offset = 0;       // byte offset of the sequence's first line in the file
+  uint64_t line = 0;         // 0-based line number of that first line
+  uint32_t size = 0;         // bytes, from `offset` to the end of its last line (newline included)
+  uint32_t num_samples = 0;  // rows (or rows carrying the definesMBSize stream)
+};
+static_assert(sizeof(SequenceEntry) == 32, "SequenceEntry is a cache-file record");
+
+struct ChunkEntry {
+  uint64_t first_sequence = 0;  // index into Index::sequences
+  uint64_t num_sequences = 0;
+  uint64_t num_samples = 0;
+  uint64_t begin_offset = 0;  // [begin_offset, end_offset) covers all its sequences
+  uint64_t end_offset = 0;
+};
+
+// Input errors found while indexing (blank rows); the parser finds the rest.
+struct IndexErrors {
+  uint64_t count = 0;
+  std::vector<uint64_t> lines;  // 0-based line numbers of the first few
+  static constexpr size_t kMaxKept = 16;
+};
+
+struct Index {
+  bool keys_are_line_numbers = false;  // no ids in the file (or skipSequenceIds)
+  std::vector<SequenceEntry> sequences;
+  std::vector<ChunkEntry> chunks;
+  uint64_t total_samples = 0;
+  uint64_t file_size = 0;
+  IndexErrors errors;
+
+  // Recomputes `chunks` and `total_samples` from `sequences`: a new chunk starts when the
+  // current one is empty or adding the next sequence would pass `chunk_size` bytes.
+  void BuildChunks(uint64_t chunk_size);
+};
+
+}  // namespace conveyor

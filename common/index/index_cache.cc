@@ -1,0 +1,145 @@
+#include "common/index/index_cache.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace conveyor {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'V', 'Y', 'I', 'D', 'X', '\0', '\1'};
+constexpr uint32_t kVersion = 1;
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t flags;
+  uint64_t data_size;
+  int64_t data_mtime_ns;
+  uint64_t config_hash;
+  uint64_t num_sequences;
+  uint64_t error_count;
+  uint32_t kept_lines;
+  uint32_t zero;
+};
+static_assert(sizeof(Header) == 64, "cache header layout");
+
+}  // namespace
+
+uint64_t Fnv1a64(const void* data, size_t size, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = seed;
+  for (size_t i = 0; i < size; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string IndexCachePath(const std::string& data_path, uint64_t config_hash) {
+  return absl::StrFormat("%s.%08x.cvyidx", data_path, static_cast<uint32_t>(config_hash));
+}
+
+absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
+                             const FileStamp& data_stamp, uint64_t config_hash) {
+  Header h;
+  std::memset(&h, 0, sizeof(h));
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.flags = index.keys_are_line_numbers ? 1u : 0u;
+  h.data_size = data_stamp.size;
+  h.data_mtime_ns = data_stamp.mtime_ns;
+  h.config_hash = config_hash;
+  h.num_sequences = index.sequences.size();
+  h.error_count = index.errors.count;
+  h.kept_lines = static_cast<uint32_t>(index.errors.lines.size());
+
+  const std::string tmp = absl::StrCat(cache_path, ".tmp.", ::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(tmp, ": cannot write the index cache: ", std::strerror(errno)));
+  }
+  uint64_t sum = 0xcbf29ce484222325ull;
+  bool ok = true;
+  auto put = [&](const void* p, size_t n) {
+    if (n == 0) return;
+    sum = Fnv1a64(p, n, sum);
+    ok = ok && std::fwrite(p, 1, n, f) == n;
+  };
+  put(&h, sizeof(h));
+  put(index.errors.lines.data(), index.errors.lines.size() * sizeof(uint64_t));
+  put(index.sequences.data(), index.sequences.size() * sizeof(SequenceEntry));
+  ok = ok && std::fwrite(&sum, 1, sizeof(sum), f) == sizeof(sum);
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), cache_path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat(cache_path, ": cannot write the index cache"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_path,
+                                                    const FileStamp& data_stamp,
+                                                    uint64_t config_hash) {
+  auto mapped = MappedFile::Open(cache_path);
+  if (absl::IsNotFound(mapped.status())) return std::optional<Index>();
+  if (!mapped.ok()) return mapped.status();
+  std::string_view b = (*mapped)->bytes();
+  auto corrupt = [&](const std::string& why) {
+    return absl::DataLossError(absl::StrCat(cache_path, ": corrupt index cache: ", why));
+  };
+  if (b.size() < sizeof(Header) + sizeof(uint64_t)) return corrupt("truncated header");
+  Header h;
+  std::memcpy(&h, b.data(), sizeof(h));
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return corrupt("bad magic");
+  if (h.version != kVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(cache_path, ": index cache version ", h.version, ", expected ", kVersion));
+  }
+  if (h.kept_lines > IndexErrors::kMaxKept) return corrupt("bad error-line count");
+  const uint64_t max_seq = (b.size() - sizeof(Header)) / sizeof(SequenceEntry);
+  if (h.num_sequences > max_seq) return corrupt("sequence count exceeds the file size");
+  const uint64_t expected = sizeof(Header) + h.kept_lines * sizeof(uint64_t) +
+                            h.num_sequences * sizeof(SequenceEntry) + sizeof(uint64_t);
+  if (b.size() != expected) {
+    return corrupt(absl::StrCat("size ", b.size(), " bytes, expected ", expected));
+  }
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, b.data() + b.size() - sizeof(uint64_t), sizeof(uint64_t));
+  if (Fnv1a64(b.data(), b.size() - sizeof(uint64_t)) != stored_sum) return corrupt("checksum mismatch");
+  if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
+  }
+  if (h.config_hash != config_hash) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(cache_path, ": index cache was built for another configuration"));
+  }
+  Index index;
+  index.keys_are_line_numbers = (h.flags & 1u) != 0;
+  index.file_size = h.data_size;
+  index.errors.count = h.error_count;
+  const char* p = b.data() + sizeof(Header);
+  index.errors.lines.resize(h.kept_lines);
+  std::memcpy(index.errors.lines.data(), p, h.kept_lines * sizeof(uint64_t));
+  p += h.kept_lines * sizeof(uint64_t);
+  index.sequences.resize(h.num_sequences);
+  std::memcpy(index.sequences.data(), p, h.num_sequences * sizeof(SequenceEntry));
+  // Records are checked against the data size: a cache must never send a reader out of bounds.
+  uint64_t prev_end = 0;
+  for (const SequenceEntry& s : index.sequences) {
+    if (s.offset < prev_end || s.offset + s.size > h.data_size || s.size == 0) {
+      return corrupt("a sequence record lies outside the data file");
+    }
+    prev_end = s.offset + s.size;
+  }
+  return std::optional<Index>(std::move(index));
+}
+
+}  // namespace conveyor

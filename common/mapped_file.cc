@@ -1,0 +1,85 @@
+#include "common/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+namespace {
+
+absl::Status ErrnoStatus(int err, const std::string& what, const std::string& path) {
+  std::string msg = absl::StrCat(path, ": ", what, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(msg);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+FileStamp StampOf(const struct stat& st) {
+  FileStamp s;
+  s.size = static_cast<uint64_t>(st.st_size);
+  s.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<FileStamp> StatFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
+  return StampOf(st);
+}
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(err, "cannot stat", path);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, expected a data file"));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  const char* data = "";
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, "cannot mmap", path);
+    }
+    data = static_cast<const char*>(p);
+  }
+  ::close(fd);  // The mapping keeps the file referenced.
+  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, StampOf(st)));
+}
+
+MappedFile::~MappedFile() {
+  if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
+}
+
+void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {
+  if (size_ == 0 || offset >= size_) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  const uint64_t end = std::min<uint64_t>(size_, offset + length);
+  ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_WILLNEED);
+}
+
+}  // namespace conveyor

@@ -1,0 +1,50 @@
+// mapped_file.h: a read-only memory mapping of a whole file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace conveyor {
+
+// Identity of a file's contents as far as caches are concerned.
+struct FileStamp {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp& o) const { return size == o.size && mtime_ns == o.mtime_ns; }
+};
+
+// Returns the size and modification time of `path`; NotFound / PermissionDenied otherwise.
+absl::StatusOr<FileStamp> StatFile(const std::string& path);
+
+// A read-only, private mapping of a file. Movable, not copyable; unmaps on destruction.
+// The bytes stay valid for the lifetime of the object. Thread-safe for concurrent reads.
+class MappedFile {
+ public:
+  // Maps `path`. Errors: NotFound, PermissionDenied, InvalidArgument (a directory), Internal.
+  // An empty file maps to an empty view.
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  std::string_view bytes() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+  const FileStamp& stamp() const { return stamp_; }
+
+  // Tells the kernel the range [offset, offset+length) will be read soon (readahead).
+  void WillNeed(uint64_t offset, uint64_t length) const;
+
+ private:
+  MappedFile(std::string path, const char* data, size_t size, FileStamp stamp)
+      : path_(std::move(path)), data_(data), size_(size), stamp_(stamp) {}
+  const std::string path_;
+  const char* const data_;
+  const size_t size_;
+  const FileStamp stamp_;
+};
+
+}  // namespace conveyor
