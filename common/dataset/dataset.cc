@@ -65,17 +65,23 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
       if (!w.ok()) diagnostics_->Report(Severity::kWarning, "index cache", absl::StrCat(w.message(), " (continuing without a cache)"));
     }
   }
-  // Blank rows found by the index pass are input errors like any other.
+  // Blank rows and repeated ids found by the index pass are input errors like any other.
   if (index_.errors.count > 0) {
-    const uint64_t first = index_.errors.lines.empty() ? 0 : index_.errors.lines[0] + 1;
-    std::string where = absl::StrCat(d.file, ":", first, ":1: empty row: expected a sequence id or '|' and an input");
+    auto describe = [&](const IndexError& e) {
+      if (e.kind == IndexError::kRepeatedId) {
+        return absl::StrCat(d.file, ":", e.line + 1, ":1: sequence id ", e.key, " was already used at line ",
+                            e.first_line + 1, ": an id may repeat only on consecutive lines");
+      }
+      return absl::StrCat(d.file, ":", e.line + 1, ":1: empty row: expected a sequence id or '|' and an input");
+    };
+    const std::string first = index_.errors.first.empty() ? absl::StrCat(d.file, ": input errors")
+                                                          : describe(index_.errors.first[0]);
     if (!budget_->Spend(index_.errors.count)) {
-      return absl::DataLossError(absl::StrCat(where, " (", index_.errors.count, " blank rows; more than maxErrors=",
+      return absl::DataLossError(absl::StrCat(first, " (", index_.errors.count, " such errors; more than maxErrors=",
                                               budget_->max_errors(), " input errors)"));
     }
-    for (uint64_t l : index_.errors.lines) {
-      diagnostics_->Report(Severity::kWarning, "blank row",
-                           absl::StrCat(d.file, ":", l + 1, ":1: empty row skipped"));
+    for (const IndexError& e : index_.errors.first) {
+      diagnostics_->Report(Severity::kWarning, "index error", absl::StrCat(describe(e), "; skipped"));
     }
   }
   CtfParserOptions po;

@@ -28,10 +28,21 @@ struct ChunkEntry {
   uint64_t end_offset = 0;
 };
 
-// Input errors found while indexing (blank rows); the parser finds the rest.
+// One input error found while indexing. 32 bytes; a cache-file record.
+struct IndexError {
+  enum Kind : uint64_t { kBlankRow = 0, kRepeatedId = 1 };
+  uint64_t kind = kBlankRow;
+  uint64_t line = 0;        // 0-based
+  uint64_t first_line = 0;  // kRepeatedId: where the id was first used
+  uint64_t key = 0;         // kRepeatedId: the id
+};
+static_assert(sizeof(IndexError) == 32, "IndexError is a cache-file record");
+
+// Input errors found while indexing (blank rows, ids repeated on non-consecutive lines);
+// the parser finds the rest. Sequences with a repeated id are left out of the index.
 struct IndexErrors {
   uint64_t count = 0;
-  std::vector<uint64_t> lines;  // 0-based line numbers of the first few
+  std::vector<IndexError> first;  // the first few, in file order
   static constexpr size_t kMaxKept = 16;
 };
 

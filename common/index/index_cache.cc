@@ -13,7 +13,7 @@ namespace conveyor {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'V', 'Y', 'I', 'D', 'X', '\0', '\1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 struct Header {
   char magic[8];
@@ -57,7 +57,7 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
   h.config_hash = config_hash;
   h.num_sequences = index.sequences.size();
   h.error_count = index.errors.count;
-  h.kept_lines = static_cast<uint32_t>(index.errors.lines.size());
+  h.kept_lines = static_cast<uint32_t>(index.errors.first.size());
 
   const std::string tmp = absl::StrCat(cache_path, ".tmp.", ::getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -73,7 +73,7 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
     ok = ok && std::fwrite(p, 1, n, f) == n;
   };
   put(&h, sizeof(h));
-  put(index.errors.lines.data(), index.errors.lines.size() * sizeof(uint64_t));
+  put(index.errors.first.data(), index.errors.first.size() * sizeof(IndexError));
   put(index.sequences.data(), index.sequences.size() * sizeof(SequenceEntry));
   ok = ok && std::fwrite(&sum, 1, sizeof(sum), f) == sizeof(sum);
   ok = (std::fclose(f) == 0) && ok;
@@ -105,7 +105,7 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   if (h.kept_lines > IndexErrors::kMaxKept) return corrupt("bad error-line count");
   const uint64_t max_seq = (b.size() - sizeof(Header)) / sizeof(SequenceEntry);
   if (h.num_sequences > max_seq) return corrupt("sequence count exceeds the file size");
-  const uint64_t expected = sizeof(Header) + h.kept_lines * sizeof(uint64_t) +
+  const uint64_t expected = sizeof(Header) + h.kept_lines * sizeof(IndexError) +
                             h.num_sequences * sizeof(SequenceEntry) + sizeof(uint64_t);
   if (b.size() != expected) {
     return corrupt(absl::StrCat("size ", b.size(), " bytes, expected ", expected));
@@ -126,9 +126,9 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   index.file_size = h.data_size;
   index.errors.count = h.error_count;
   const char* p = b.data() + sizeof(Header);
-  index.errors.lines.resize(h.kept_lines);
-  std::memcpy(index.errors.lines.data(), p, h.kept_lines * sizeof(uint64_t));
-  p += h.kept_lines * sizeof(uint64_t);
+  index.errors.first.resize(h.kept_lines);
+  std::memcpy(index.errors.first.data(), p, h.kept_lines * sizeof(IndexError));
+  p += h.kept_lines * sizeof(IndexError);
   index.sequences.resize(h.num_sequences);
   std::memcpy(index.sequences.data(), p, h.num_sequences * sizeof(SequenceEntry));
   // Records are checked against the data size: a cache must never send a reader out of bounds.

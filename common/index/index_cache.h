@@ -5,7 +5,7 @@
 //
 // Layout (little-endian): "CVYIDX\0\1" magic, u32 version, u32 flags (bit 0: keys are line
 // numbers), u64 data size, i64 data mtime (ns), u64 config hash, u64 sequence count,
-// u64 error count, u32 kept error lines, u32 zero, u64 lines[kept], SequenceEntry[count],
+// u64 error count, u32 kept errors, u32 zero, IndexError[kept], SequenceEntry[count],
 // u64 FNV-1a checksum of everything before it.
 #pragma once
 

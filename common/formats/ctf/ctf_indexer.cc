@@ -194,6 +194,7 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
   // Merge in order, making lines absolute and joining sequences across range boundaries.
   uint64_t line_base = 0;
   uint64_t pending_blanks = 0;
+  std::vector<uint64_t> blank_lines;
   size_t total = 0;
   for (const auto& r : results) total += r.sequences.size();
   index.sequences.reserve(total);
@@ -202,9 +203,7 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
     if (!res.error.empty()) {
       return absl::DataLossError(absl::StrCat(path, ":", line_base + res.error_line + 1, ":1: ", res.error));
     }
-    for (uint64_t l : res.blank_lines) {
-      if (index.errors.lines.size() < IndexErrors::kMaxKept) index.errors.lines.push_back(line_base + l);
-    }
+    for (uint64_t l : res.blank_lines) blank_lines.push_back(line_base + l);
     if (res.any_content) {
       index.errors.count += pending_blanks + res.inner_blanks;
       pending_blanks = res.trailing_blanks;
@@ -245,14 +244,47 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
     }
     line_base += res.lines;
   }
-  // Trailing blank lines at the end of the file are not errors; drop their kept positions.
-  if (pending_blanks > 0) {
-    const uint64_t first_trailing = line_base - pending_blanks;
-    auto& kept = index.errors.lines;
-    kept.erase(std::remove_if(kept.begin(), kept.end(),
-                              [&](uint64_t l) { return l >= first_trailing; }),
-               kept.end());
+  // Trailing blank lines at the end of the file are not errors.
+  std::vector<IndexError> found;
+  for (uint64_t l : blank_lines) {
+    if (pending_blanks > 0 && l >= line_base - pending_blanks) break;
+    found.push_back({IndexError::kBlankRow, l, 0, 0});
   }
+  // Ids may repeat only on consecutive lines: a later sequence reusing an id is an input
+  // error and is left out. Ids that only grow need no check (the common case).
+  if (!per_line) {
+    bool increasing = true;
+    for (size_t i = 1; i < index.sequences.size() && increasing; ++i)
+      increasing = index.sequences[i].key > index.sequences[i - 1].key;
+    if (!increasing) {
+      std::vector<std::pair<uint64_t, uint64_t>> by_key(index.sequences.size());  // (key, position)
+      for (size_t i = 0; i < by_key.size(); ++i) by_key[i] = {index.sequences[i].key, i};
+      std::sort(by_key.begin(), by_key.end());
+      std::vector<bool> repeated(index.sequences.size(), false);
+      std::vector<uint64_t> first_line_of(index.sequences.size(), 0);
+      for (size_t i = 1; i < by_key.size(); ++i) {
+        if (by_key[i].first != by_key[i - 1].first) continue;
+        size_t head = i - 1;
+        while (head > 0 && by_key[head - 1].first == by_key[i].first) --head;
+        repeated[by_key[i].second] = true;
+        first_line_of[by_key[i].second] = index.sequences[by_key[head].second].line;
+      }
+      std::vector<SequenceEntry> kept;
+      kept.reserve(index.sequences.size());
+      for (size_t i = 0; i < index.sequences.size(); ++i) {
+        if (repeated[i]) {
+          index.errors.count += 1;
+          found.push_back({IndexError::kRepeatedId, index.sequences[i].line, first_line_of[i], index.sequences[i].key});
+        } else {
+          kept.push_back(index.sequences[i]);
+        }
+      }
+      index.sequences.swap(kept);
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const IndexError& x, const IndexError& y) { return x.line < y.line; });
+  if (found.size() > IndexErrors::kMaxKept) found.resize(IndexErrors::kMaxKept);
+  index.errors.first = std::move(found);
   // A definesMBSize stream absent from a whole sequence: the sequence is not indexed (CNTK).
   if (!needle.empty()) {
     index.sequences.erase(std::remove_if(index.sequences.begin(), index.sequences.end(),

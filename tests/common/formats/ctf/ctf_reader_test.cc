@@ -1,0 +1,275 @@
+// The CTF reader against the seed page (shared/seeds/cntk-text-format-reader.md): every
+// example decoded exactly, every invalid example refused at the right line, and each rule.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+class CtfReader : public ::testing::Test {
+ protected:
+  // Reads `data` with the `input:` YAML, whole file as one minibatch per sequence batch.
+  absl::StatusOr<std::string> Read(const std::string& data, const std::string& input,
+                                   const std::string& extra = "", uint64_t mb = 1000000) {
+    DatasetConfig ds = CtfDataset(dir_.Write("data.ctf", data), input, extra);
+    ReadOptions ro;
+    ro.minibatch_size = mb;
+    messages_.clear();
+    return DumpDataset(ds, ro, &messages_);
+  }
+  bool Logged(const std::string& needle) const {
+    for (const auto& m : messages_)
+      if (m.find(needle) != std::string::npos) return true;
+    return false;
+  }
+  TempDir dir_;
+  std::vector<std::string> messages_;
+};
+
+constexpr char kSimpleInput[] =
+    "{A: {dim: 5, format: dense}, B: {dim: 1000000, format: sparse}, C: {dim: 1, format: dense}}";
+
+TEST_F(CtfReader, DecodesSeedSimpleExample) {
+  auto out = Read(
+      "|B 100:3 123:4 |C 8 |A 0 1 2 3 4 |# a CTF comment\n"
+      "|# another comment |A 0 1.1 22 0.3 54 |C 123917 |B 1134:1.911 13331:0.014\n"
+      "|C -0.001 |# a comment with an escaped pipe: '|#' |A 3.9 1.11 121.2 99.13 0.04 |B 999:0.001 918918:-9.19\n",
+      kSimpleInput);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"A\":{\"dense\":[[0,1,2,3,4]]},\"B\":{\"sparse\":[[[100,3],[123,4]]]},\"C\":{\"dense\":[[8]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"A\":{\"dense\":[[0,1.10000002,22,0.300000012,54]]},\"B\":{\"sparse\":[[[1134,1.91100001],[13331,0.0140000004]]]},\"C\":{\"dense\":[[123917]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"2\",\"streams\":{\"A\":{\"dense\":[[3.9000001,1.11000001,121.199997,99.1299973,0.0399999991]]},\"B\":{\"sparse\":[[[999,0.00100000005],[918918,-9.18999958]]]},\"C\":{\"dense\":[[-0.00100000005]]}}}\n");
+}
+
+constexpr char kExtendedData[] =
+    "100 |a 1 2 3 |b 100 200\n"
+    "100 |a 4 5 6 |b 101 201\n"
+    "100 |b 102983 14532 |a 7 8 9\n"
+    "100 |a 7 8 9\n"
+    "200 |b 300 400 |a 10 20 30\n"
+    "333 |b 500 100\n"
+    "333 |b 600 -900\n"
+    "400 |a 1 2 3 |b 100 200\n"
+    "|a 4 5 6 |b 101 201\n"
+    "|a 4 5 6 |b 101 201\n"
+    "500 |a 1 2 3 |b 100 200\n"
+    "\n";
+constexpr char kExtendedInput[] =
+    "{Some_very_long_input_name: {alias: a, dim: 3, format: dense}, "
+    "Some_other_also_very_long_input_name: {alias: b, dim: 2, format: dense}}";
+
+TEST_F(CtfReader, DecodesSeedExtendedExampleIntoFiveSequences) {
+  auto out = Read(kExtendedData, kExtendedInput, "precision: double");
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::string a = "\"Some_very_long_input_name\":", b = "\"Some_other_also_very_long_input_name\":";
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"100\",\"streams\":{" + a + "{\"dense\":[[1,2,3],[4,5,6],[7,8,9],[7,8,9]]}," + b + "{\"dense\":[[100,200],[101,201],[102983,14532]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"200\",\"streams\":{" + a + "{\"dense\":[[10,20,30]]}," + b + "{\"dense\":[[300,400]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"333\",\"streams\":{" + a + "{\"dense\":[]}," + b + "{\"dense\":[[500,100],[600,-900]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"400\",\"streams\":{" + a + "{\"dense\":[[1,2,3],[4,5,6],[4,5,6]]}," + b + "{\"dense\":[[100,200],[101,201],[101,201]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"500\",\"streams\":{" + a + "{\"dense\":[[1,2,3]]}," + b + "{\"dense\":[[100,200]]}}}\n");
+}
+
+TEST_F(CtfReader, FirstLineWithoutIdIgnoresAllIds) {
+  auto out = Read("|a 1 2 3 |b 100 200\n100 |a 4 5 6 |b 101 201\n200 |b 102983 14532 |a 7 8 9\n\n",
+                  "{a: {dim: 3, format: dense}, b: {dim: 2, format: dense}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[1,2,3]]},\"b\":{\"dense\":[[100,200]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[4,5,6]]},\"b\":{\"dense\":[[101,201]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"2\",\"streams\":{\"a\":{\"dense\":[[7,8,9]]},\"b\":{\"dense\":[[102983,14532]]}}}\n");
+}
+
+TEST_F(CtfReader, SkipSequenceIdsMakesEveryLineASequence) {
+  DatasetConfig ds = CtfDataset(dir_.Write("d.ctf", "7 |a 1\n7 |a 2\n"), "{a: {dim: 1, format: dense}}");
+  ds.deserializers[0].skip_sequence_ids = true;
+  auto out = DumpDataset(ds, ReadOptions());
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[1]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[2]]}}}\n");
+}
+
+TEST_F(CtfReader, RejectsIdRepeatedOnNonConsecutiveLines) {
+  auto out = Read("100 |a 1 2 3 |b 100 200\n200 |a 4 5 6 |b 101 201\n100 |b 102983 14532 |a 7 8 9\n",
+                  "{a: {dim: 3, format: dense}, b: {dim: 2, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(out.status().message().find("data.ctf:3:1: sequence id 100 was already used at line 1"),
+            std::string::npos) << out.status();
+}
+
+TEST_F(CtfReader, RejectsSequenceWithMoreRowsThanSamples) {
+  auto out = Read("123 |a 1 2 3 |b 100 200\n456 |a 4 5 6\n456 |b 101 201\n",
+                  "{a: {dim: 3, format: dense}, b: {dim: 2, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(out.status().message().find("data.ctf:2:1: sequence 456 has 2 rows but its longest input has 1 samples"),
+            std::string::npos) << out.status();
+}
+
+TEST_F(CtfReader, RejectsDenseSampleWithMoreValuesThanDim) {
+  auto out = Read("|a 1 2 3 4\n", "{a: {dim: 3, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("data.ctf:1:10: input 'a' has more than dim=3 values"), std::string::npos)
+      << out.status();
+}
+
+TEST_F(CtfReader, RejectsSparseIndexAtOrBeyondDim) {
+  auto out = Read("|s 3:1 10:2\n", "{s: {dim: 10, format: sparse}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("data.ctf:1:8: sparse index 10 of input 's' is out of range: expected an index below dim=10"),
+            std::string::npos) << out.status();
+}
+
+TEST_F(CtfReader, RejectsNegativeSparseIndex) {
+  auto out = Read("|s -2:1\n", "{s: {dim: 10, format: sparse}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("data.ctf:1:4: unexpected '-': expected a sparse index"), std::string::npos)
+      << out.status();
+}
+
+TEST_F(CtfReader, RejectsSameInputTwiceOnALine) {
+  auto out = Read("|a 1 |a 2\n", "{a: {dim: 1, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("data.ctf:1:6: input 'a' appears twice on one row"), std::string::npos)
+      << out.status();
+}
+
+TEST_F(CtfReader, AcceptsCntkNumberSyntax) {
+  // CNTK's no_trailing_newline_valid_input cases: 1, -123, 45., 6.78, 9.10e-11.
+  const char* cases[][2] = {{"1", "1"}, {"-123", "-123"}, {"45.", "45"}, {"6.78", "6.78000021"},
+                            {"9.10e-11", "9.09999992e-11"}, {"+2", "2"}, {"1E3", "1000"}};
+  for (auto& c : cases) {
+    auto out = Read(std::string("|A ") + c[0], "{A: {dim: 1, format: dense}}");
+    ASSERT_TRUE(out.ok()) << c[0] << ": " << out.status();
+    EXPECT_EQ(*out, std::string("{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"A\":{\"dense\":[[") + c[1] + "]]}}}\n") << c[0];
+  }
+}
+
+TEST_F(CtfReader, RejectsBadNumbers) {
+  // CNTK's no_trailing_newline_invalid_input cases, and the seed page's.
+  for (const char* bad : {" -", " +", " 12.+", " 12.+e", " 1:", " .5", " 2,0", " 2#0", " 2.0f", " nan", " inf", " 1e400", " --1"}) {
+    auto out = Read(std::string("|A") + bad, "{A: {dim: 1, format: dense}}");
+    ASSERT_FALSE(out.ok()) << "'" << bad << "' was accepted";
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_NE(out.status().message().find("data.ctf:1:"), std::string::npos) << out.status();
+  }
+}
+
+TEST_F(CtfReader, EmptyRowsAreErrors) {
+  for (const char* data : {"", "\t", " ", "     "}) {
+    auto out = Read(std::string("|A 1\n|A") + data + "\n|A 2\n", "{A: {dim: 1, format: sparse}}");
+    (void)out;
+  }
+  auto out = Read("|A 1\n|# only a comment\n", "{A: {dim: 1, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("data.ctf:2:1: empty row"), std::string::npos) << out.status();
+}
+
+TEST_F(CtfReader, ZeroPadsShortDenseSampleWithAWarning) {
+  auto out = Read("|a 1 2\n|a\n", "{a: {dim: 3, format: dense}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[1,2,0]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[0,0,0]]}}}\n");
+  EXPECT_TRUE(Logged("data.ctf:1:3: input 'a' has 2 of dim=3 values; zero-padded"));
+}
+
+TEST_F(CtfReader, SkipsInputsTheConfigDoesNotName) {
+  auto out = Read("|extra 1 2 3 |a 1 |another_very_long_name 4:5\n", "{a: {dim: 1, format: dense}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[1]]}}}\n");
+}
+
+TEST_F(CtfReader, KeepsSparseEntriesInFileOrder) {
+  auto out = Read("|s 9:1 2:2 9:3\n|s\n", "{s: {dim: 10, format: sparse}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"s\":{\"sparse\":[[[9,1],[2,2],[9,3]]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"s\":{\"sparse\":[[]]}}}\n");
+}
+
+TEST_F(CtfReader, TabsSpacesCrlfBomAndMissingFinalNewline) {
+  auto out = Read("\xEF\xBB\xBF" "1\t|a\t1  2\r\n1 |a 3\t4 |# c\r\n2|a 5 6",
+                  "{a: {dim: 2, format: dense}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[1,2],[3,4]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"2\",\"streams\":{\"a\":{\"dense\":[[5,6]]}}}\n");
+}
+
+TEST_F(CtfReader, CommentsEndAtTheNextUnescapedPipe) {
+  auto out = Read("|# c1 |# still the comment |a 1 |#x|#y|b 2:5\n",
+                  "{a: {dim: 1, format: dense}, b: {dim: 3, format: sparse}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[1]]},\"b\":{\"sparse\":[[[2,5]]]}}}\n");
+}
+
+TEST_F(CtfReader, RefusesUtf16) {
+  auto out = Read(std::string("\xFF\xFE|\0a\0", 6), "{a: {dim: 1, format: dense}}");
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("UTF-16"), std::string::npos) << out.status();
+}
+
+TEST_F(CtfReader, MaxErrorsSkipsBadSequencesUntilTheBudgetIsSpent) {
+  const std::string data = "1 |a 1\n2 |a x\n3 |a 3\n4 |a y\n5 |a 5\n";
+  auto within = Read(data, "{a: {dim: 1, format: dense}}", "maxErrors: 2");
+  ASSERT_TRUE(within.ok()) << within.status();
+  EXPECT_EQ(*within,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[1]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"3\",\"streams\":{\"a\":{\"dense\":[[3]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"5\",\"streams\":{\"a\":{\"dense\":[[5]]}}}\n");
+  EXPECT_TRUE(Logged("data.ctf:2:6: unexpected 'x': expected a number for input 'a'; sequence 2 skipped"));
+  auto beyond = Read(data, "{a: {dim: 1, format: dense}}", "maxErrors: 1");
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.status().message().find("data.ctf:4:6: unexpected 'y'"), std::string::npos) << beyond.status();
+  EXPECT_NE(beyond.status().message().find("more than maxErrors=1"), std::string::npos) << beyond.status();
+}
+
+TEST_F(CtfReader, TraceLevelZeroHidesWarnings) {
+  auto out = Read("|a 1\n", "{a: {dim: 2, format: dense}}", "traceLevel: 0");
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(messages_.empty());
+}
+
+TEST_F(CtfReader, DefinesMBSizeCountsThatStream) {
+  auto out = Read("0 |w 1 |c 1:1\n0 |w 2\n0 |w 3\n1 |w 4 |c 0:1\n",
+                  "{w: {dim: 1, format: dense}, c: {dim: 2, format: sparse, definesMBSize: true}}",
+                  "", /*mb=*/1);
+  ASSERT_TRUE(out.ok()) << out.status();
+  // Each sequence has one `c` sample, so a minibatch of 1 sample holds one sequence.
+  EXPECT_NE(out->find("\"batch\":0,\"key\":\"0\""), std::string::npos);
+  EXPECT_NE(out->find("\"batch\":1,\"key\":\"1\""), std::string::npos);
+}
+
+TEST_F(CtfReader, DoublePrecisionKeepsSeventeenDigits) {
+  auto out = Read("|a 0.1\n", "{a: {dim: 1, format: dense}}", "precision: double");
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out, "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[0.10000000000000001]]}}}\n");
+}
+
+TEST_F(CtfReader, SameOutputForAnyThreadCountAndMinibatchSize) {
+  std::string data;
+  for (int i = 0; i < 3000; ++i) data += std::to_string(i / 3) + " |a " + std::to_string(i) + " |s " + std::to_string(i % 7) + ":1.5\n";
+  DatasetConfig ds = CtfDataset(dir_.Write("big.ctf", data),
+                                "{a: {dim: 1, format: dense}, s: {dim: 7, format: sparse}}");
+  ds.deserializers[0].chunk_size_in_bytes = 1000;
+  ReadOptions one;
+  one.minibatch_size = 1;
+  auto base = DumpDataset(ds, one);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (int threads : {2, 4}) {
+    ReadOptions ro = one;
+    ro.threads = threads;
+    auto out = DumpDataset(ds, ro);
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(*out, *base) << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::testing

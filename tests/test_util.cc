@@ -1,0 +1,195 @@
+#include "tests/test_util.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/batch/dump_writer.h"
+#include "common/config/config_loader.h"
+#include "common/sampling/loader.h"
+
+namespace conveyor::testing {
+
+std::string TestdataDir() { return CONVEYOR_TESTDATA_DIR; }
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string tmpl = absl::StrCat(base ? base : "/tmp", "/conveyor_test_XXXXXX");
+  char* p = ::mkdtemp(tmpl.data());
+  path_ = p ? p : "";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::Write(const std::string& name, const std::string& contents) const {
+  const std::string p = absl::StrCat(path_, "/", name);
+  std::ofstream out(p, std::ios::binary);
+  out << contents;
+  return p;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+DatasetConfig CtfDataset(const std::string& file, const std::string& input_yaml,
+                         const std::string& extra_yaml) {
+  std::string yaml = absl::StrCat("datasets:\n  d:\n    randomize: false\n");
+  if (!extra_yaml.empty()) absl::StrAppend(&yaml, "    ", extra_yaml, "\n");
+  absl::StrAppend(&yaml, "    deserializers:\n      - type: CNTKTextFormat\n        file: ", file,
+                  "\n        input: ", input_yaml, "\n");
+  auto config = ParseConfig(yaml, "test.yaml", "");
+  if (!config.ok()) {
+    std::fprintf(stderr, "bad test config: %s\n%s", std::string(config.status().message()).c_str(), yaml.c_str());
+    std::abort();
+  }
+  return config->datasets[0];
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenCollecting(const DatasetConfig& config,
+                                                        std::vector<std::string>* messages) {
+  DatasetOpenOptions oo;
+  oo.diagnostics_sink = [messages](Severity, const std::string& text) {
+    if (messages) messages->push_back(text);
+  };
+  return Dataset::Open(config, oo);
+}
+
+LoaderOptions ToLoader(const DatasetConfig& config, const ReadOptions& options) {
+  LoaderOptions lo;
+  lo.planner.minibatch_size = options.minibatch_size;
+  lo.planner.epochs = options.epochs;
+  if (options.epoch_size) lo.planner.epoch_size = options.epoch_size;
+  else lo.planner.epoch_size = config.epoch_size;
+  lo.threads = options.threads;
+  return lo;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadOptions& options,
+                                        std::vector<std::string>* messages) {
+  auto ds = OpenCollecting(config, messages);
+  if (!ds.ok()) return ds.status();
+  auto assembler = MakeCpuAssembler();
+  auto loader = Loader::Create(ds->get(), assembler.get(), ToLoader(config, options));
+  if (!loader.ok()) return loader.status();
+  std::string out;
+  Batch b;
+  while (true) {
+    auto more = (*loader)->Next(&b);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    if (b.index >= options.max_batches_per_epoch) continue;
+    AppendDump(b.epoch, b.index, b.plan, b.bytes, &out);
+  }
+  return out;
+}
+
+namespace {
+
+template <typename T>
+T At(const std::byte* base, uint64_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof(T));
+  return v;
+}
+
+// Appends one sample of stream L (sequence n, step t) as `dim` dense values, %g-formatted.
+template <typename T>
+void AppendSample(const StreamLayout& L, uint64_t n, uint64_t t, const std::byte* base,
+                  std::vector<std::string>* out) {
+  std::vector<double> row(L.dim, 0.0);
+  const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
+  if (L.format == StreamFormat::kDense) {
+    for (uint32_t j = 0; j < L.dim; ++j)
+      row[j] = At<T>(base, L.values.offset + ((n * T_len + t) * L.dim + j) * sizeof(T));
+  } else {
+    const uint64_t col = n * T_len + t;
+    auto ptr = [&](uint64_t c) -> int64_t {
+      return L.colptr.dtype == DType::kInt64 ? At<int64_t>(base, L.colptr.offset + c * 8)
+                                             : At<int32_t>(base, L.colptr.offset + c * 4);
+    };
+    for (int64_t k = ptr(col); k < ptr(col + 1); ++k)
+      row[At<int32_t>(base, L.rowind.offset + k * 4)] += At<T>(base, L.values.offset + k * sizeof(T));
+  }
+  for (double v : row) out->push_back(absl::StrFormat("%g", static_cast<T>(v)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& config,
+                                                           const ReadOptions& options) {
+  auto ds = OpenCollecting(config, nullptr);
+  if (!ds.ok()) return ds.status();
+  auto assembler = MakeCpuAssembler();
+  auto loader = Loader::Create(ds->get(), assembler.get(), ToLoader(config, options));
+  if (!loader.ok()) return loader.status();
+  std::vector<std::string> out;
+  Batch b;
+  while (true) {
+    auto more = (*loader)->Next(&b);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    if (b.index >= options.max_batches_per_epoch) continue;
+    for (const StreamLayout& L : b.plan.streams) {
+      // CNTK's MBLayout: sequences first-fit into rows of width T (the longest sequence);
+      // columns are printed time-major, gaps skipped.
+      std::vector<uint64_t> len(b.plan.num_sequences, 1);
+      if (L.lengths.present())
+        for (uint64_t n = 0; n < b.plan.num_sequences; ++n)
+          len[n] = static_cast<uint64_t>(At<int32_t>(b.bytes.data(), L.lengths.offset + n * 4));
+      uint64_t width = 0;
+      for (uint64_t l : len) width = std::max(width, l);
+      struct Placed { uint64_t seq, start; };
+      std::vector<std::vector<Placed>> rows;
+      std::vector<uint64_t> used;
+      for (uint64_t n = 0; n < len.size(); ++n) {
+        if (len[n] == 0) continue;
+        size_t r = 0;
+        while (r < rows.size() && used[r] + len[n] > width) ++r;
+        if (r == rows.size()) {
+          rows.emplace_back();
+          used.push_back(0);
+        }
+        rows[r].push_back({n, used[r]});
+        used[r] += len[n];
+      }
+      for (uint64_t t = 0; t < width; ++t) {
+        for (size_t r = 0; r < rows.size(); ++r) {
+          for (const Placed& p : rows[r]) {
+            if (t >= p.start && t < p.start + len[p.seq]) {
+              if (b.plan.precision == Precision::kFloat) AppendSample<float>(L, p.seq, t - p.start, b.bytes.data(), &out);
+              else AppendSample<double>(L, p.seq, t - p.start, b.bytes.data(), &out);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Tokens(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string tok;
+  while (in >> tok) out.push_back(tok);
+  return out;
+}
+
+}  // namespace conveyor::testing

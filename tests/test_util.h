@@ -1,0 +1,60 @@
+// test_util.h: helpers shared by conveyor's tests: temporary files, loading a dataset from
+// configuration text, reading it through the real loader, and CNTK's control-file output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/config/dataset_config.h"
+#include "common/dataset/dataset.h"
+
+namespace conveyor::testing {
+
+// The golden files (shared/testdata).
+std::string TestdataDir();
+
+// A fresh directory under $TEST_TMPDIR or /tmp, removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  // Writes `contents` to path()/name and returns the full path.
+  std::string Write(const std::string& name, const std::string& contents) const;
+
+ private:
+  std::string path_;
+};
+
+std::string ReadFile(const std::string& path);
+
+// A one-deserializer CTF dataset over `file` with the given YAML `input:` body, e.g.
+// "{a: {dim: 3, format: dense}}" and extra dataset keys as YAML, e.g. "maxErrors: 2".
+DatasetConfig CtfDataset(const std::string& file, const std::string& input_yaml,
+                         const std::string& extra_yaml = "");
+
+struct ReadOptions {
+  uint64_t minibatch_size = 1000000;
+  uint64_t epochs = 1;
+  uint64_t epoch_size = 0;  // 0: one sweep
+  int threads = 1;
+  uint64_t max_batches_per_epoch = UINT64_MAX;
+};
+
+// Opens the dataset and returns the dump (DESIGN.md section 4) of what the loader delivers,
+// or the first error. Diagnostics are collected into *messages when given.
+absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadOptions& options,
+                                        std::vector<std::string>* messages = nullptr);
+
+// The tokens CNTK's reader tests write for this dataset (testdata/cntk/README.md section 1):
+// per minibatch, per stream, one dense row per non-gap column of CNTK's packed layout.
+absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& config,
+                                                           const ReadOptions& options);
+
+// Whitespace-separated tokens of a file.
+std::vector<std::string> Tokens(const std::string& text);
+
+}  // namespace conveyor::testing
