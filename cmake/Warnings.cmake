@@ -1,7 +1,8 @@
 # Compiler warnings and sanitizers, applied to every conveyor target through conveyor_options.
 add_library(conveyor_options INTERFACE)
 target_compile_options(conveyor_options INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wshadow=local -Wnon-virtual-dtor>)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wnon-virtual-dtor>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wshadow=local>)
 if(CONVEYOR_WERROR)
   target_compile_options(conveyor_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
 endif()

@@ -1,5 +1,6 @@
 #include "common/config/config_loader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -336,6 +337,23 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& sou
                                    const std::string& base_dir) {
   if (text.size() > kMaxConfigBytes)
     return absl::InvalidArgumentError(absl::StrCat(source, ": configuration is larger than ", kMaxConfigBytes, " bytes"));
+  // Nesting is bounded before any recursive parser sees the text.
+  int depth = 0, max_depth = 0;
+  char quote = 0;
+  for (char c : text) {
+    if (quote) {
+      if (c == quote || c == '\n') quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '[' || c == '{' || c == '(') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}' || c == ')') {
+      depth = std::max(0, depth - 1);
+    }
+  }
+  if (max_depth > kMaxConfigNesting) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": configuration nests deeper than ", kMaxConfigNesting, " levels"));
+  }
   Config config;
   config.source = source;
   const bool bs = LooksLikeBrainScript(text);

@@ -23,6 +23,7 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& sou
 // Hard limits on what a configuration may ask for.
 inline constexpr uint64_t kMaxDim = (1ull << 31) - 1;  // sparse row indices are int32
 inline constexpr uint64_t kMinChunkSizeInBytes = 1;
-inline constexpr size_t kMaxConfigBytes = 16u << 20;
+inline constexpr size_t kMaxConfigBytes = 1u << 20;
+inline constexpr int kMaxConfigNesting = 64;
 
 }  // namespace conveyor

@@ -206,6 +206,10 @@ class ChunkParser {
   bool Real(const char** pp, const char* end, const std::string& what, T* value) {
     const char* p = *pp;
     const char* digits = p;
+    if (p == end) {
+      Fail(p, absl::StrCat("unexpected end of input: expected a number for ", what));
+      return false;
+    }
     if (*p == '+') {
       ++p;
       digits = p;

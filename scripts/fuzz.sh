@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses with clang (ASan + UBSan) and runs each for SECONDS
+# (default 20), starting from the seed corpus in tests/fuzz/corpus/. A crash fails the run
+# and leaves the reproducer in build-fuzz/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-20}"
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCONVEYOR_BUILD_FUZZERS=ON -DCONVEYOR_BUILD_TESTS=OFF -DCONVEYOR_BUILD_BENCHMARKS=OFF \
+  -DCONVEYOR_CUDA=OFF -DCONVEYOR_SANITIZE=address,undefined >/dev/null
+cmake --build build-fuzz -j "$(nproc)" --target ctf_parser_fuzzer config_fuzzer
+for f in ctf_parser_fuzzer config_fuzzer; do
+  corpus="build-fuzz/corpus-$f"
+  mkdir -p "$corpus"
+  cp -n tests/fuzz/corpus/"$f"/* "$corpus"/ 2>/dev/null || true
+  echo "conveyor: fuzzing $f for ${seconds}s"
+  (cd build-fuzz && "./tests/fuzz/$f" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 "corpus-$f" 2>&1 | tail -n 4)
+done

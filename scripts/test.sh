@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Every test: install, build, run the unit and integration tests (ctest), then each libFuzzer
+# harness for a short time (clang build in build-fuzz/). Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300
+scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
+echo "conveyor: all tests passed"

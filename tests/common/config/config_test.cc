@@ -1,0 +1,218 @@
+// Configuration loading: YAML, JSON and CNTK BrainScript reader blocks as the seed page writes them.
+#include <string>
+
+#include "common/config/config_loader.h"
+#include "gtest/gtest.h"
+
+namespace conveyor {
+namespace {
+
+TEST(Config, ReadsTheDesignExample) {
+  auto c = ParseConfig(R"(listen: 127.0.0.1:7070
+datasets:
+  train:
+    randomize: true
+    randomizationWindow: 128
+    randomizationSeed: 3
+    maxErrors: 5
+    traceLevel: 2
+    cacheIndex: true
+    precision: double
+    deserializers:
+      - type: CNTKTextFormat
+        file: train.ctf
+        skipSequenceIds: false
+        chunkSizeInBytes: 1024
+        input:
+          features: {dim: 784, format: dense}
+          labels:   {dim: 10, format: sparse, alias: l, definesMBSize: true}
+)", "c.yaml", "/data/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "127.0.0.1:7070");
+  const DatasetConfig* d = c->Find("train");
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(d->randomize);
+  EXPECT_EQ(*d->randomization_window, 128u);
+  EXPECT_EQ(d->randomization_seed, 3u);
+  EXPECT_EQ(d->max_errors, 5u);
+  EXPECT_EQ(d->trace_level, 2);
+  EXPECT_TRUE(d->cache_index);
+  EXPECT_EQ(d->precision, Precision::kDouble);
+  ASSERT_EQ(d->deserializers.size(), 1u);
+  EXPECT_EQ(d->deserializers[0].file, "/data/train.ctf");
+  EXPECT_EQ(d->deserializers[0].chunk_size_in_bytes, 1024u);
+  ASSERT_EQ(d->deserializers[0].streams.size(), 2u);
+  EXPECT_EQ(d->deserializers[0].streams[0].alias, "features");
+  EXPECT_EQ(d->deserializers[0].streams[1].alias, "l");
+  EXPECT_EQ(d->deserializers[0].streams[1].format, StreamFormat::kSparse);
+  EXPECT_TRUE(d->deserializers[0].streams[1].defines_mb_size);
+}
+
+TEST(Config, JsonIsAccepted) {
+  auto c = ParseConfig(R"({"datasets": {"d": {"deserializers": [{"type": "CNTKTextFormat", "file": "/x.ctf",
+      "input": {"a": {"dim": 3, "format": "dense"}}}]}}})", "c.json", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->datasets[0].deserializers[0].streams[0].dim, 3u);
+}
+
+TEST(Config, ReadsTheSeedSimpleReaderBlock) {
+  auto c = ParseConfig(R"(...
+reader = [
+    readerType = "CNTKTextFormatReader"
+    file = "c:\mydata\SampleInput.txt" # See the second example for Linux path example
+
+    # IMPORTANT!
+    # All inputs are grouped within "input" sub-section.
+    input = [
+        A = [
+            dim = 5
+            format = "dense"
+        ]
+        B = [
+            dim = 1000000
+            format = "sparse"
+        ]
+        C = [
+            dim = 1
+            format = "dense"
+        ]
+    ]
+]
+# the rest of the cntk config ...
+)", "r.cntk", "");
+  ASSERT_FALSE(c.ok());  // the seed's `...` line is prose, not BrainScript
+  auto ok = ParseConfig(R"(reader = [
+    readerType = "CNTKTextFormatReader"
+    file = "c:\mydata\SampleInput.txt" # See the second example for Linux path example
+    input = [
+        A = [
+            dim = 5
+            format = "dense"
+        ]
+        B = [
+            dim = 1000000
+            format = "sparse"
+        ]
+    ]
+]
+)", "r.cntk", "");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  const DatasetConfig* d = ok->Find("reader");
+  ASSERT_NE(d, nullptr);
+  EXPECT_TRUE(d->randomize);  // CNTK's default
+  EXPECT_EQ(d->deserializers[0].file, "c:\\mydata\\SampleInput.txt");
+  EXPECT_EQ(d->deserializers[0].streams[1].dim, 1000000u);
+}
+
+TEST(Config, ReadsTheSeedExtendedAndCompositeBlocks) {
+  auto c = ParseConfig(R"(precision="double"
+
+reader = [
+    readerType = "CNTKTextFormatReader"
+    file = "/home/mydata/SampleInput.txt"
+    randomize = true
+    randomizationWindow = 30
+    skipSequenceIds = false
+    maxErrors = 100
+    traceLevel = 2
+    chunkSizeInBytes = 1024
+    keepDataInMemory = true
+    frameMode = false
+    input = [
+        Some_very_long_input_name = [
+            alias = "a"
+            dim = 3
+            format = "dense"
+        ]
+        Some_other_also_very_long_input_name = [
+            alias = "b"
+            dim = 2
+            format = "dense"
+        ]
+    ]
+]
+)", "e.cntk", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const DatasetConfig& d = c->datasets[0];
+  EXPECT_EQ(d.precision, Precision::kDouble);
+  EXPECT_EQ(*d.randomization_window, 30u);
+  EXPECT_EQ(d.EffectiveMaxErrors(), 100u);
+  EXPECT_EQ(d.EffectiveTraceLevel(), 2);
+  EXPECT_TRUE(d.keep_data_in_memory);
+  EXPECT_EQ(d.deserializers[0].chunk_size_in_bytes, 1024u);
+  EXPECT_EQ(d.deserializers[0].streams[0].alias, "a");
+
+  auto composite = ParseConfig(R"(reader = {
+        verbosity = 0 ;
+        randomize = true;
+        randomizationWindow=30
+        deserializers = ({
+            type = "CNTKTextFormatDeserializer" ; module = "CNTKTextFormatReader"
+            file = "/home/mydata/SampleInput.txt" # See the first example for Windows style path example
+            maxErrors = 100
+            skipSequenceIds = false
+            traceLevel = 2
+            input = {
+                qu1fea = {alias = "qui"; dim = 95589; format = "sparse"}
+                qu2fea = {alias = "quj"; dim = 95589; format = "sparse"}
+                pairweight = {alias = "wij"; dim = 1; format = "dense"}
+            }
+        })
+    }
+)", "c.cntk", "");
+  ASSERT_TRUE(composite.ok()) << composite.status();
+  const DatasetConfig& cd = composite->datasets[0];
+  EXPECT_EQ(cd.name, "reader");
+  ASSERT_EQ(cd.deserializers.size(), 1u);
+  EXPECT_EQ(cd.EffectiveMaxErrors(), 100u);
+  ASSERT_EQ(cd.deserializers[0].streams.size(), 3u);
+  EXPECT_EQ(cd.deserializers[0].streams[2].name, "pairweight");
+  EXPECT_EQ(cd.deserializers[0].streams[2].alias, "wij");
+}
+
+TEST(Config, ResolvesDollarReferencesCaseInsensitively) {
+  auto c = ParseConfig("defMbSize=true\nX = [ reader = [ file = \"f\"\n input = [ a = [ dim = 1; format = \"dense\"; definesMbSize=$defMBSize$ ] ] ] ]\n",
+                       "x.cntk", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->Find("X")->deserializers[0].streams[0].defines_mb_size);
+}
+
+TEST(Config, ErrorsNameFileLineAndColumn) {
+  auto bad_dim = ParseConfig("datasets:\n  d:\n    deserializers:\n      - file: x\n        input: {a: {dim: zero, format: dense}}\n", "c.yaml", "");
+  ASSERT_FALSE(bad_dim.ok());
+  EXPECT_EQ(bad_dim.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_dim.status().message().find("c.yaml:5:"), std::string::npos) << bad_dim.status();
+  EXPECT_NE(bad_dim.status().message().find("expected a non-negative integer for 'dim'"), std::string::npos);
+
+  auto typo = ParseConfig("datasets:\n  d:\n    randomise: false\n    deserializers: [{file: x, input: {a: {dim: 1, format: dense}}}]\n", "c.yaml", "");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("c.yaml:3:16: unknown key 'randomise'"), std::string::npos) << typo.status();
+
+  auto format = ParseConfig("datasets:\n  d:\n    deserializers: [{file: x, input: {a: {dim: 1, format: dence}}}]\n", "c.yaml", "");
+  ASSERT_FALSE(format.ok());
+  EXPECT_NE(format.status().message().find("expected format dense, sparse or ids"), std::string::npos);
+}
+
+TEST(Config, RefusesDuplicateAliasesAndTwoDefiningStreams) {
+  auto dup = ParseConfig("datasets:\n  d:\n    deserializers: [{file: x, input: {a: {dim: 1, format: dense, alias: z}, b: {dim: 1, format: dense, alias: z}}}]\n", "c.yaml", "");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("alias 'z' is used by two inputs"), std::string::npos);
+  auto two = ParseConfig("datasets:\n  d:\n    deserializers: [{file: x, input: {a: {dim: 1, format: dense, definesMBSize: true}, b: {dim: 1, format: dense, definesMBSize: true}}}]\n", "c.yaml", "");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("definesMBSize"), std::string::npos);
+}
+
+TEST(Config, RefusesDeepNestingAndHugeFiles) {
+  std::string deep = "datasets: " + std::string(100, '[') + std::string(100, ']');
+  EXPECT_FALSE(ParseConfig(deep, "c.yaml", "").ok());
+  EXPECT_FALSE(ParseConfig(std::string(kMaxConfigBytes + 1, ' '), "c.yaml", "").ok());
+}
+
+TEST(Config, BrainScriptSyntaxErrorsNameTheLine) {
+  auto c = ParseConfig("reader = [\n  file = \"x\"\n  input = [ a = [ dim = 1 format = \"dense\" ]\n", "r.cntk", "");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("r.cntk:4:1: expected ']' before the end of the file"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,191 @@
+// The CTF index: sequences, chunks, parallel == serial, and the index cache's invalidation.
+#include <sys/stat.h>
+#include <utime.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "common/formats/ctf/ctf_indexer.h"
+#include "common/index/index_cache.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+bool SameSequences(const Index& a, const Index& b) {
+  if (a.sequences.size() != b.sequences.size()) return false;
+  return std::memcmp(a.sequences.data(), b.sequences.data(), a.sequences.size() * sizeof(SequenceEntry)) == 0;
+}
+
+std::string Generated(size_t lines, bool ids) {
+  std::string s;
+  for (size_t i = 0; i < lines; ++i) {
+    if (ids) s += std::to_string(i / 5) + " ";
+    s += "|a " + std::to_string(i % 97) + " 0.5 0.25 |b " + std::to_string(i % 13) + ":1\n";
+  }
+  return s;
+}
+
+TEST(CtfIndex, FindsSequencesAndSampleCounts) {
+  const std::string data = "100 |a 1\n100 |a 2\n|a 3\n200 |a 4\n\n300 |a 5\n";
+  auto index = BuildCtfIndex(data, "x.ctf", CtfIndexOptions());
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->sequences.size(), 3u);
+  EXPECT_EQ(index->sequences[0].key, 100u);
+  EXPECT_EQ(index->sequences[0].num_samples, 3u);
+  EXPECT_EQ(index->sequences[0].offset, 0u);
+  EXPECT_EQ(index->sequences[0].size, 23u);
+  EXPECT_EQ(index->sequences[1].key, 200u);
+  EXPECT_EQ(index->sequences[1].line, 3u);
+  EXPECT_EQ(index->sequences[2].key, 300u);
+  EXPECT_EQ(index->sequences[2].line, 5u);
+  EXPECT_EQ(index->total_samples, 5u);
+  EXPECT_EQ(index->errors.count, 1u);  // the blank row between 200 and 300
+  ASSERT_EQ(index->errors.first.size(), 1u);
+  EXPECT_EQ(index->errors.first[0].line, 4u);
+}
+
+TEST(CtfIndex, TrailingBlankLinesAreNotErrors) {
+  auto index = BuildCtfIndex("|a 1\n|a 2\n\n \n", "x.ctf", CtfIndexOptions());
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->sequences.size(), 2u);
+  EXPECT_EQ(index->errors.count, 0u);
+}
+
+TEST(CtfIndex, ChunksNeverSplitASequenceAndRespectTheSize) {
+  const std::string data = Generated(1000, true);
+  CtfIndexOptions io;
+  io.chunk_size = 300;
+  auto index = BuildCtfIndex(data, "x.ctf", io);
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->sequences.size(), 200u);
+  uint64_t seqs = 0;
+  for (const ChunkEntry& c : index->chunks) {
+    EXPECT_EQ(c.first_sequence, seqs);
+    const SequenceEntry& first = index->sequences[c.first_sequence];
+    EXPECT_EQ(c.begin_offset, first.offset);
+    EXPECT_TRUE(c.num_sequences == 1 || c.end_offset - c.begin_offset <= io.chunk_size);
+    seqs += c.num_sequences;
+  }
+  EXPECT_EQ(seqs, 200u);
+}
+
+TEST(CtfIndex, DefinesMBSizeCountsRowsWithThatStream) {
+  CtfIndexOptions io;
+  io.main_alias = "c";
+  auto index = BuildCtfIndex("0 |w 1 |c 1\n0 |w 2\n1 |w 3\n2 |w 4 |cc 2\n2 |c 9\n", "x.ctf", io);
+  ASSERT_TRUE(index.ok());
+  ASSERT_EQ(index->sequences.size(), 2u);  // sequence 1 has no `c` row: not indexed
+  EXPECT_EQ(index->sequences[0].num_samples, 1u);
+  EXPECT_EQ(index->sequences[1].key, 2u);
+  EXPECT_EQ(index->sequences[1].num_samples, 1u);
+}
+
+TEST(CtfIndex, ParallelAndSerialGiveTheSameIndex) {
+  for (bool ids : {true, false}) {
+    // ~14 MiB: several 4 MiB ranges, boundaries falling inside multi-line sequences.
+    const std::string data = Generated(400000, ids);
+    CtfIndexOptions serial, parallel;
+    serial.threads = 1;
+    parallel.threads = 4;
+    serial.chunk_size = parallel.chunk_size = 1 << 20;
+    auto a = BuildCtfIndex(data, "x.ctf", serial);
+    auto b = BuildCtfIndex(data, "x.ctf", parallel);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->sequences.size(), ids ? 80000u : 400000u);
+    EXPECT_TRUE(SameSequences(*a, *b)) << "ids=" << ids;
+    EXPECT_EQ(a->chunks.size(), b->chunks.size());
+    EXPECT_EQ(a->total_samples, b->total_samples);
+  }
+}
+
+TEST(CtfIndex, ParallelMergesContinuationRowsAcrossRanges) {
+  // One sequence spanning every range: ids only on its first row.
+  std::string data = "7 |a 1\n";
+  for (int i = 0; i < 900000; ++i) data += "|a 2\n";
+  data += "8 |a 3\n";
+  CtfIndexOptions io;
+  io.threads = 4;
+  auto index = BuildCtfIndex(data, "x.ctf", io);
+  ASSERT_TRUE(index.ok());
+  ASSERT_EQ(index->sequences.size(), 2u);
+  EXPECT_EQ(index->sequences[0].num_samples, 900001u);
+  EXPECT_EQ(index->sequences[1].key, 8u);
+}
+
+class IndexCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = dir_.Write("d.ctf", Generated(500, true));
+    config_ = CtfDataset(data_, "{a: {dim: 3, format: dense}, b: {dim: 13, format: sparse}}", "cacheIndex: true");
+  }
+  IndexSource Open() {
+    auto ds = Dataset::Open(config_);
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    if (!ds.ok()) return IndexSource::kBuilt;
+    EXPECT_EQ((*ds)->index().sequences.size(), 100u);
+    cache_ = (*ds)->index_cache_path();
+    return (*ds)->index_source();
+  }
+  TempDir dir_;
+  std::string data_, cache_;
+  DatasetConfig config_;
+};
+
+TEST_F(IndexCacheTest, SecondOpenUsesTheCache) {
+  EXPECT_EQ(Open(), IndexSource::kBuilt);
+  struct stat st;
+  ASSERT_EQ(::stat(cache_.c_str(), &st), 0) << cache_;
+  EXPECT_EQ(Open(), IndexSource::kCache);
+}
+
+TEST_F(IndexCacheTest, TouchedDataFileInvalidatesTheCache) {
+  Open();
+  struct utimbuf times = {1000000000, 1000000000};
+  ASSERT_EQ(::utime(data_.c_str(), &times), 0);
+  EXPECT_EQ(Open(), IndexSource::kRebuiltStaleCache);
+  EXPECT_EQ(Open(), IndexSource::kCache);
+}
+
+TEST_F(IndexCacheTest, TruncatedCacheIsRebuilt) {
+  Open();
+  ASSERT_EQ(::truncate(cache_.c_str(), 100), 0);
+  EXPECT_EQ(Open(), IndexSource::kRebuiltBadCache);
+  EXPECT_EQ(Open(), IndexSource::kCache);
+}
+
+TEST_F(IndexCacheTest, CorruptCacheIsRebuilt) {
+  Open();
+  std::string bytes = ReadFile(cache_);
+  bytes[bytes.size() / 2] ^= 0x40;
+  std::ofstream(cache_, std::ios::binary) << bytes;
+  EXPECT_EQ(Open(), IndexSource::kRebuiltBadCache);
+}
+
+TEST_F(IndexCacheTest, OtherConfigurationUsesAnotherCache) {
+  Open();
+  const std::string first = cache_;
+  config_.deserializers[0].skip_sequence_ids = true;
+  auto ds = Dataset::Open(config_);
+  ASSERT_TRUE(ds.ok());
+  EXPECT_EQ((*ds)->index_source(), IndexSource::kBuilt);
+  EXPECT_NE((*ds)->index_cache_path(), first);
+}
+
+TEST(IndexCacheFile, RefusesRecordsOutsideTheDataFile) {
+  TempDir dir;
+  Index index;
+  index.sequences.push_back({1, 10, 0, 50, 1});
+  const std::string path = dir.path() + "/x.cvyidx";
+  ASSERT_TRUE(WriteIndexCache(path, index, FileStamp{40, 5}, 9).ok());
+  auto read = ReadIndexCache(path, FileStamp{40, 5}, 9);
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  auto ok = ReadIndexCache(path, FileStamp{40, 5}, 8);
+  EXPECT_EQ(ok.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace conveyor::testing

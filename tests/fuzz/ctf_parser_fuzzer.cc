@@ -1,0 +1,43 @@
+// libFuzzer harness: any bytes as a CTF file, indexed and parsed chunk by chunk with an
+// unlimited error budget, under a configuration chosen by the first byte. Must never crash,
+// hang or read out of bounds; every sequence the parser keeps must be well-formed.
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "common/formats/ctf/ctf_indexer.h"
+#include "common/formats/ctf/ctf_parser.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace conveyor;
+  if (size == 0) return 0;
+  const uint8_t mode = data[0];
+  std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+  CtfIndexOptions io;
+  io.skip_sequence_ids = mode & 1;
+  io.chunk_size = (mode & 2) ? 64 : 1 << 20;
+  io.threads = 1;
+  if (mode & 4) io.main_alias = "a";
+  auto index = BuildCtfIndex(bytes, "fuzz.ctf", io);
+  if (!index.ok()) return 0;
+  CtfParserOptions po;
+  po.path = "fuzz.ctf";
+  po.precision = (mode & 8) ? Precision::kDouble : Precision::kFloat;
+  po.streams = {{"a", "a", StreamFormat::kDense, 3, (mode & 4) != 0},
+                {"b", "b", StreamFormat::kSparse, 50, false},
+                {"long_name", "c", StreamFormat::kSparse, 1, false}};
+  Diagnostics diagnostics(0, [](Severity, const std::string&) {});
+  ErrorBudget budget(UINT64_MAX);
+  CtfParser parser(po, &diagnostics, &budget);
+  for (uint64_t c = 0; c < index->chunks.size(); ++c) {
+    auto chunk = parser.ParseChunk(bytes, *index, c);
+    if (!chunk.ok()) std::abort();  // an unlimited budget never stops
+    const ParsedChunk& pc = **chunk;
+    for (const ParsedStream& s : pc.streams) {
+      if (s.sequence_begin.size() != pc.num_sequences() + 1) std::abort();
+      for (int32_t i : s.indices)
+        if (i < 0 || static_cast<uint32_t>(i) >= s.dim) std::abort();
+    }
+  }
+  return 0;
+}
