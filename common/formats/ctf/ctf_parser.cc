@@ -28,7 +28,26 @@ std::string Printable(char c) {
 }
 
 template <typename T>
+struct ExactDecimal;
+template <>
+struct ExactDecimal<float> {
+  static constexpr uint64_t kMantissa = 1ull << 24;
+  static constexpr int kMaxPow10 = 10;
+};
+template <>
+struct ExactDecimal<double> {
+  static constexpr uint64_t kMantissa = 1ull << 53;
+  static constexpr int kMaxPow10 = 22;
+};
+
+template <typename T>
 class ChunkParser {
+  static constexpr uint64_t kExactMantissa = ExactDecimal<T>::kMantissa;
+  static constexpr int kMaxExactPow10 = ExactDecimal<T>::kMaxPow10;
+  static constexpr T kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                   1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                   1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
  public:
   ChunkParser(const CtfParserOptions& options, int main_stream, Diagnostics* diagnostics,
               ErrorBudget* budget, std::string_view file, ParsedChunk* out)
@@ -203,11 +222,51 @@ class ChunkParser {
     return true;
   }
 
-  bool Real(const char** pp, const char* end, const std::string& what, T* value) {
+  // Parses one real at *pp. The common case (a plain decimal whose digits fit the mantissa
+  // exactly, with an exact power of ten: Clinger's fast path, one correctly rounded
+  // division) is inlined; everything else, exponents and errors included, goes to RealSlow.
+  __attribute__((always_inline)) inline bool Real(const char** pp, const char* end, int stream, T* value) {
+    const char* q = *pp;
+    const bool neg = q < end && *q == '-';
+    q += (q < end && (*q == '-' || *q == '+')) ? 1 : 0;
+    const char* const first = q;
+    uint64_t m = 0;
+    int n = 0, frac = 0;
+    while (q < end && n < 19) {
+      const unsigned d = static_cast<unsigned char>(*q) - '0';
+      if (d > 9) break;
+      m = m * 10 + d;
+      ++q;
+      ++n;
+    }
+    if (n > 0 && q < end && *q == '.') {
+      ++q;
+      while (q < end && n < 19) {
+        const unsigned d = static_cast<unsigned char>(*q) - '0';
+        if (d > 9) break;
+        m = m * 10 + d;
+        ++q;
+        ++n;
+        ++frac;
+      }
+    }
+    if (q > first && IsDigit(*first) && m <= kExactMantissa && frac <= kMaxExactPow10 &&
+        (q == end || *q == ' ' || *q == '|' || *q == '\n' || *q == '\t' ||
+         (static_cast<unsigned char>(*q) < 0x20))) {
+      const T v = static_cast<T>(m) / kPow10[frac];
+      *value = neg ? -v : v;
+      *pp = q;
+      return true;
+    }
+    return RealSlow(pp, end, stream, value);
+  }
+
+  __attribute__((noinline)) bool RealSlow(const char** pp, const char* end, int stream, T* value) {
+    const auto what = [&] { return absl::StrCat("input '", options_.streams[stream].name, "'"); };
     const char* p = *pp;
     const char* digits = p;
     if (p == end) {
-      Fail(p, absl::StrCat("unexpected end of input: expected a number for ", what));
+      Fail(p, absl::StrCat("unexpected end of input: expected a number for ", what()));
       return false;
     }
     if (*p == '+') {
@@ -218,16 +277,16 @@ class ChunkParser {
     }
     if (digits == end || !IsDigit(*digits)) {
       Fail(*pp, absl::StrCat("unexpected ", digits == end ? "end of input" : Printable(*digits),
-                             ": expected a number for ", what));
+                             ": expected a number for ", what()));
       return false;
     }
     auto r = fast_float::from_chars(p, end, *value);
     if (r.ec != std::errc() || !std::isfinite(*value)) {
-      Fail(*pp, absl::StrCat("number out of range for ", what));
+      Fail(*pp, absl::StrCat("number out of range for ", what()));
       return false;
     }
     if (!EndsValue(r.ptr, end)) {
-      Fail(r.ptr, absl::StrCat("unexpected ", Printable(*r.ptr), " in a number for ", what));
+      Fail(r.ptr, absl::StrCat("unexpected ", Printable(*r.ptr), " in a number for ", what()));
       return false;
     }
     *pp = r.ptr;
@@ -250,7 +309,7 @@ class ChunkParser {
                              " values: expected at most ", dim));
         return false;
       }
-      if (!Real(&p, end, absl::StrCat("input '", options_.streams[stream].name, "'"), out + n)) return false;
+      if (!Real(&p, end, stream, out + n)) return false;
       ++n;
     }
     if (n < dim) {
@@ -277,11 +336,15 @@ class ChunkParser {
       }
       const char* idx_begin = p;
       uint64_t idx = 0;
-      while (p < end && IsDigit(*p)) {
-        // Saturate instead of overflowing: anything >= dim is refused below.
-        idx = idx < dim ? idx * 10 + static_cast<uint64_t>(*p - '0') : dim;
+      int n = 0;
+      while (p < end) {
+        const unsigned d = static_cast<unsigned char>(*p) - '0';
+        if (d > 9) break;
+        idx = idx * 10 + d;  // may wrap on absurd lengths: caught by the length check below
         ++p;
+        ++n;
       }
+      if (n > 10) idx = dim;  // dims are < 2^31: ten digits always suffice
       if (idx >= dim) {
         Fail(idx_begin, absl::StrCat("sparse index ", std::string(idx_begin, std::min<size_t>(p - idx_begin, 24)),
                                      " of input '", options_.streams[stream].name,
@@ -295,7 +358,7 @@ class ChunkParser {
       }
       ++p;
       T v;
-      if (!Real(&p, end, absl::StrCat("input '", options_.streams[stream].name, "'"), &v)) return false;
+      if (!Real(&p, end, stream, &v)) return false;
       st->indices.push_back(static_cast<int32_t>(idx));
       values.push_back(v);
     }
@@ -381,11 +444,18 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_v
   chunk->keys.reserve(c.num_sequences);
   chunk->lengths.reserve(c.num_sequences);
   chunk->slot_of.reserve(c.num_sequences);
+  // Rows bound every stream's samples; sparse entries take at least 4 bytes ("1:1 ").
+  const bool f32 = options_.precision == Precision::kFloat;
   for (auto& st : chunk->streams) {
     st.sequence_begin.reserve(c.num_sequences + 1);
     if (st.format == StreamFormat::kSparse) {
+      const uint64_t nnz_guess = bytes / 8 / chunk->streams.size();
       st.nnz_begin.reserve(c.num_samples + 1);
-      st.indices.reserve(bytes / 8 / chunk->streams.size());
+      st.indices.reserve(nnz_guess);
+      if (f32) st.values_f32.reserve(nnz_guess); else st.values_f64.reserve(nnz_guess);
+    } else {
+      const uint64_t n = std::min<uint64_t>(c.num_samples * st.dim, bytes);
+      if (f32) st.values_f32.reserve(n); else st.values_f64.reserve(n);
     }
   }
   const SequenceEntry* b = index.sequences.data() + c.first_sequence;

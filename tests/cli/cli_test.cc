@@ -1,0 +1,131 @@
+// The `conveyor` binary end to end: exit codes, one-line errors, the dump and bench formats.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun Conveyor(const std::string& args) {
+  const std::string cmd = std::string(CONVEYOR_BINARY) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string kExamples = std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml";
+
+TEST(Cli, DumpPrintsTheExampleInTheDumpFormat) {
+  CliRun r = Conveyor("dump " + kExamples + " --dataset simple --minibatch-size 2 --randomize off");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto first = r.out.substr(0, r.out.find('\n'));
+  EXPECT_EQ(first, "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"features\":{\"dense\":[[1.75919998,-0.758000016]]},\"labels\":{\"dense\":[[0,1]]}}}");
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1000);
+  EXPECT_NE(r.out.find("\"batch\":499,\"key\":\"999\""), std::string::npos);
+}
+
+TEST(Cli, DumpOfBrainScriptReaderBlockEqualsTheYamlDataset) {
+  CliRun bs = Conveyor("dump " + std::string(CONVEYOR_SOURCE_DIR) + "/examples/reader.cntk --minibatch-size 8");
+  CliRun yaml = Conveyor("dump " + kExamples + " --dataset simple --minibatch-size 8");
+  ASSERT_EQ(bs.code, 0) << bs.out;
+  EXPECT_EQ(bs.out, yaml.out);
+}
+
+TEST(Cli, DumpIsTheSameForAnyThreadCount) {
+  CliRun one = Conveyor("dump " + kExamples + " --dataset sequences --minibatch-size 7 --threads 1");
+  CliRun four = Conveyor("dump " + kExamples + " --dataset sequences --minibatch-size 7 --threads 4");
+  ASSERT_EQ(one.code, 0);
+  EXPECT_EQ(one.out, four.out);
+}
+
+TEST(Cli, UnknownDatasetIsOneLineWithTheChoices) {
+  CliRun r = Conveyor("dump " + kExamples + " --dataset nope");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("has no dataset 'nope' (it defines: simple, sparse, sequences)"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1);
+}
+
+TEST(Cli, MissingConfigSaysSo) {
+  CliRun r = Conveyor("inspect /nonexistent/c.yaml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("/nonexistent/c.yaml: cannot open configuration"), std::string::npos) << r.out;
+}
+
+TEST(Cli, RandomizedDatasetNeedsFileOrderInThisBuild) {
+  TempDir dir;
+  dir.Write("d.ctf", "|a 1\n");
+  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
+  CliRun r = Conveyor("dump " + c);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("pass --randomize off"), std::string::npos) << r.out;
+  CliRun ok = Conveyor("dump " + c + " --randomize off");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(Cli, BadDataIsFileLineColumn) {
+  TempDir dir;
+  dir.Write("d.ctf", "|a 1\n|a 2;\n");
+  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    randomize: false\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
+  CliRun r = Conveyor("dump " + c);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("d.ctf:2:5: unexpected ';' in a number for input 'a'"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchJsonEndsWithTheSummaryLine) {
+  CliRun r = Conveyor("bench " + kExamples + " --dataset sparse --threads 2 --epochs 3 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::string last = r.out.substr(0, r.out.size() - 1);
+  last = last.substr(last.rfind('\n') + 1);
+  EXPECT_EQ(last.rfind("{\"bytes\": 784980, \"seconds\": ", 0), 0u) << last;
+  EXPECT_NE(last.find("\"samples\": 6000, \"batches\": "), std::string::npos) << last;
+}
+
+TEST(Cli, IndexWritesAndReusesTheCache) {
+  TempDir dir;
+  std::string data;
+  for (int i = 0; i < 100; ++i) data += std::to_string(i) + " |a 1\n";
+  dir.Write("d.ctf", data);
+  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    cacheIndex: true\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
+  CliRun first = Conveyor("index " + c);
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_NE(first.out.find("100 sequences, 100 samples, 1 chunks; index built"), std::string::npos) << first.out;
+  CliRun second = Conveyor("index " + c);
+  EXPECT_NE(second.out.find("index loaded from cache"), std::string::npos) << second.out;
+}
+
+TEST(Cli, InspectCountsErrorsWithoutStopping) {
+  TempDir dir;
+  dir.Write("d.ctf", "1 |a 1\n2 |a x\n3 |a 3\n");
+  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
+  CliRun r = Conveyor("inspect " + c + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"sequences\":3,\"valid_sequences\":2,\"samples\":3,\"errors\":1,\"max_errors\":0"), std::string::npos) << r.out;
+}
+
+TEST(Cli, HelpTeachesEveryCommand) {
+  for (const char* cmd : {"inspect", "index", "dump", "bench"}) {
+    CliRun r = Conveyor(std::string(cmd) + " --help");
+    EXPECT_EQ(r.code, 0);
+    EXPECT_NE(r.out.find("Options:"), std::string::npos) << cmd;
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::testing
