@@ -10,6 +10,7 @@
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/formats/ctf/ctf_parser.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 
 namespace conveyor::bench {
 namespace {
@@ -96,4 +97,12 @@ BENCHMARK(BM_Index)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime(
 }  // namespace
 }  // namespace conveyor::bench
 
-BENCHMARK_MAIN();
+// The production allocator settings (conveyor and conveyord set them too).
+int main(int argc, char** argv) {
+  conveyor::TuneAllocatorForStreaming();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

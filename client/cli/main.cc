@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 
 #include "client/cli/commands.h"
+#include "common/malloc_tuning.h"
 
 int main(int argc, char** argv) {
+  conveyor::TuneAllocatorForStreaming();
   CLI::App app{
       "conveyor: a data loader for training. It indexes CNTK text-format datasets, parses them "
       "in parallel and assembles dense and sparse (CSC) minibatches.\n"

@@ -1,7 +1,11 @@
 // The CTF reader against the seed page (shared/seeds/cntk-text-format-reader.md): every
 // example decoded exactly, every invalid example refused at the right line, and each rule.
+#include <cstdlib>
+#include <random>
+#include <sstream>
 #include <string>
 
+#include "common/batch/dump_writer.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -268,6 +272,46 @@ TEST_F(CtfReader, SameOutputForAnyThreadCountAndMinibatchSize) {
     auto out = DumpDataset(ds, ro);
     ASSERT_TRUE(out.ok());
     EXPECT_EQ(*out, *base) << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+// The parser's inlined decimal fast path must round exactly as strtof/strtod do.
+TEST(CtfNumbers, FastPathIsCorrectlyRounded) {
+  std::mt19937_64 rng(42);
+  std::string data;
+  std::vector<std::string> texts;
+  for (int i = 0; i < 20000; ++i) {
+    const int int_digits = static_cast<int>(rng() % 8), frac_digits = static_cast<int>(rng() % 12);
+    std::string t = (rng() % 2) ? "-" : "";
+    t += std::to_string(rng() % 10);
+    for (int d = 0; d < int_digits; ++d) t += static_cast<char>('0' + rng() % 10);
+    if (frac_digits > 0) {
+      t += '.';
+      for (int d = 0; d < frac_digits; ++d) t += static_cast<char>('0' + rng() % 10);
+    }
+    texts.push_back(t);
+    data += "|a " + t + "\n";
+  }
+  TempDir dir;
+  const std::string file = dir.Write("n.ctf", data);
+  for (const char* precision : {"float", "double"}) {
+    DatasetConfig ds = CtfDataset(file, "{a: {dim: 1, format: dense}}", std::string("precision: ") + precision);
+    auto out = DumpDataset(ds, ReadOptions());
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::istringstream lines(*out);
+    std::string line;
+    for (size_t i = 0; std::getline(lines, line); ++i) {
+      std::string expected;
+      if (std::string(precision) == "float") AppendNumber(std::strtof(texts[i].c_str(), nullptr), &expected);
+      else AppendNumber(std::strtod(texts[i].c_str(), nullptr), &expected);
+      ASSERT_NE(line.find("[[" + expected + "]]"), std::string::npos) << texts[i] << " -> " << line;
+    }
   }
 }
 
