@@ -69,14 +69,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenCollecting(const DatasetConfig& con
   return Dataset::Open(config, oo);
 }
 
-LoaderOptions ToLoader(const DatasetConfig& config, const ReadOptions& options) {
-  LoaderOptions lo;
-  lo.planner.minibatch_size = options.minibatch_size;
-  lo.planner.epochs = options.epochs;
-  if (options.epoch_size) lo.planner.epoch_size = options.epoch_size;
-  else lo.planner.epoch_size = config.epoch_size;
-  lo.threads = options.threads;
-  return lo;
+absl::StatusOr<ResolvedStream> Resolve(const Dataset& ds, const ReadOptions& options) {
+  StreamRequest r = options.request;
+  r.minibatch_size = options.minibatch_size;
+  r.epochs = options.epochs;
+  if (options.epoch_size) r.epoch_size = options.epoch_size;
+  r.threads = options.threads;
+  return ResolveStream(ds, r);
 }
 
 }  // namespace
@@ -85,8 +84,10 @@ absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadO
                                         std::vector<std::string>* messages) {
   auto ds = OpenCollecting(config, messages);
   if (!ds.ok()) return ds.status();
+  auto resolved = Resolve(**ds, options);
+  if (!resolved.ok()) return resolved.status();
   auto assembler = MakeCpuAssembler();
-  auto loader = Loader::Create(ds->get(), assembler.get(), ToLoader(config, options));
+  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
   if (!loader.ok()) return loader.status();
   std::string out;
   Batch b;
@@ -95,7 +96,7 @@ absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadO
     if (!more.ok()) return more.status();
     if (!*more) break;
     if (b.index >= options.max_batches_per_epoch) continue;
-    AppendDump(b.epoch, b.index, b.plan, b.bytes, &out);
+    AppendDump(b.epoch, b.index, b.plan, b.bytes, options.cursors ? resolved->Encode(b.after) : "", &out);
   }
   return out;
 }
@@ -136,8 +137,10 @@ absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& 
                                                            const ReadOptions& options) {
   auto ds = OpenCollecting(config, nullptr);
   if (!ds.ok()) return ds.status();
+  auto resolved = Resolve(**ds, options);
+  if (!resolved.ok()) return resolved.status();
   auto assembler = MakeCpuAssembler();
-  auto loader = Loader::Create(ds->get(), assembler.get(), ToLoader(config, options));
+  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
   if (!loader.ok()) return loader.status();
   std::vector<std::string> out;
   Batch b;
@@ -146,12 +149,14 @@ absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& 
     if (!more.ok()) return more.status();
     if (!*more) break;
     if (b.index >= options.max_batches_per_epoch) continue;
-    for (const StreamLayout& L : b.plan.streams) {
+    for (size_t si = 0; si < b.plan.streams.size(); ++si) {
+      const StreamLayout& L = b.plan.streams[si];
       // CNTK's MBLayout: sequences first-fit into rows of width T (the longest sequence);
       // columns are printed time-major, gaps skipped.
-      std::vector<uint64_t> len(b.plan.num_sequences, 1);
+      const uint64_t n_rows = b.plan.shape.rows;
+      std::vector<uint64_t> len(n_rows, 1);
       if (L.lengths.present())
-        for (uint64_t n = 0; n < b.plan.num_sequences; ++n)
+        for (uint64_t n = 0; n < n_rows; ++n)
           len[n] = static_cast<uint64_t>(At<int32_t>(b.bytes.data(), L.lengths.offset + n * 4));
       uint64_t width = 0;
       for (uint64_t l : len) width = std::max(width, l);

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/config/dataset_config.h"
 #include "common/dataset/dataset.h"
+#include "common/sampling/stream_request.h"
 
 namespace conveyor::testing {
 
@@ -42,6 +43,8 @@ struct ReadOptions {
   uint64_t epoch_size = 0;  // 0: one sweep
   int threads = 1;
   uint64_t max_batches_per_epoch = UINT64_MAX;
+  bool cursors = false;     // print "cursor" on each batch's last line
+  StreamRequest request;    // the rest (randomize, seed, rank, world, resume, ...)
 };
 
 // Opens the dataset and returns the dump (DESIGN.md section 4) of what the loader delivers,

@@ -58,16 +58,55 @@ absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& valu
   return absl::InvalidArgumentError(absl::StrCat(flag, " expects on or off, got '", value, "'"));
 }
 
-absl::Status RequireFileOrder(const DatasetConfig& ds, const std::optional<bool>& randomize_flag) {
-  const bool randomize = randomize_flag.value_or(ds.randomize);
-  if (!randomize) return absl::OkStatus();
-  if (randomize_flag) {
-    return absl::UnimplementedError(
-        "--randomize on: this build reads in file order only; use --randomize off");
+absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
+  StreamRequest r;
+  if (!randomize.empty()) {
+    auto on = ParseOnOff("--randomize", randomize);
+    if (!on.ok()) return on.status();
+    r.randomize = *on;
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "dataset '", ds.name, "' randomizes (randomize: true, CNTK's default) but this build reads "
-      "in file order only: pass --randomize off, or set randomize: false in the configuration"));
+  r.seed = seed;
+  r.minibatch_size = minibatch_size;
+  r.epochs = epochs;
+  r.epoch_size = epoch_size;
+  r.rank = rank;
+  r.world = world;
+  if (frame_mode) r.frame_mode = true;
+  r.truncation = truncation;
+  r.parallel = parallel;
+  if (parallel > 0 && truncation == 0) return absl::InvalidArgumentError("--parallel needs --truncation");
+  r.resume = resume;
+  r.threads = threads;
+  return r;
+}
+
+void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
+  cmd->add_option("--randomize", a->randomize,
+                  "on|off: block randomization (default: the dataset's randomize, true in CNTK)");
+  cmd->add_option("--seed", a->seed, "Randomization seed (default: randomizationSeed); sweep k uses seed + k");
+  cmd->add_option("--minibatch-size", a->minibatch_size,
+                  "Samples per global minibatch (all ranks together), counted in the definesMBSize "
+                  "stream or else the longest (default 256)")
+      ->check(CLI::Range(uint64_t{1}, kMaxMinibatchSize));
+  cmd->add_option("--epochs", a->epochs, "Epochs to read, counted from epoch 0 (default 1)")
+      ->check(CLI::Range(uint64_t{1}, kMaxEpochs));
+  cmd->add_option("--epoch-size", a->epoch_size, "Samples per epoch (default: the dataset's epochSize, else one sweep)")
+      ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
+  cmd->add_option("--rank", a->rank, "This reader's rank among --world readers (default 0)");
+  cmd->add_option("--world", a->world,
+                  "Number of readers sharing each minibatch (default 1). Each gets the sequences of "
+                  "every w-th randomized chunk; all get the same number of minibatches. With --resume, "
+                  "a different --world re-partitions the rest of the epoch (elastic resume)")
+      ->check(CLI::Range(1u, kMaxWorld));
+  cmd->add_flag("--frame-mode", a->frame_mode, "Every sample is its own sequence, randomized at sample level");
+  cmd->add_option("--truncation", a->truncation,
+                  "Truncated BPTT: minibatches of T steps of --parallel sequences, each continuing in "
+                  "its slot across minibatches");
+  cmd->add_option("--parallel", a->parallel, "Truncated BPTT: parallel sequences (default: minibatch size / T)")
+      ->check(CLI::Range(1u, kMaxParallel));
+  cmd->add_option("--resume", a->resume, "Continue exactly after the minibatch whose \"cursor\" this is");
+  cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
+      ->check(CLI::Range(1, 256));
 }
 
 }  // namespace conveyor::cli

@@ -10,6 +10,9 @@
 #include "absl/status/statusor.h"
 #include "common/config/dataset_config.h"
 #include "common/dataset/dataset.h"
+#include "common/sampling/stream_request.h"
+
+#include <CLI/CLI.hpp>
 
 namespace conveyor::cli {
 
@@ -28,7 +31,20 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& c
 // Parses "on"/"off" (also true/false, yes/no, 1/0).
 absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value);
 
-// Reads in file order only: refuses a dataset that randomizes unless overridden.
-absl::Status RequireFileOrder(const DatasetConfig& ds, const std::optional<bool>& randomize_flag);
+// The stream options shared by dump, bench (and subscribe): what StreamRequest holds.
+struct StreamArgs {
+  std::string randomize;  // on|off|"" (the configuration's)
+  std::optional<uint64_t> seed;
+  uint64_t minibatch_size = 256;
+  uint64_t epochs = 1;
+  std::optional<uint64_t> epoch_size;
+  std::optional<uint32_t> rank, world;
+  bool frame_mode = false;
+  uint32_t truncation = 0, parallel = 0;
+  std::string resume;
+  int threads = 1;
+  absl::StatusOr<StreamRequest> ToRequest() const;
+};
+void AddStreamOptions(CLI::App* cmd, StreamArgs* args);
 
 }  // namespace conveyor::cli

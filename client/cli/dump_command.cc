@@ -7,7 +7,7 @@
 #include "client/cli/common_options.h"
 #include "common/batch/dump_writer.h"
 #include "common/sampling/loader.h"
-#include "cuda/cuda_backend.h"
+#include "common/sampling/stream_request.h"
 
 namespace conveyor::cli {
 namespace {
@@ -15,11 +15,7 @@ namespace {
 struct DumpArgs {
   std::string config;
   std::string dataset;
-  std::string randomize;
-  uint64_t minibatch_size = 256;
-  uint64_t epochs = 1;
-  uint64_t epoch_size = 0;
-  int threads = 1;
+  StreamArgs stream;
 };
 
 int RunDump(const DumpArgs& args) {
@@ -27,23 +23,14 @@ int RunDump(const DumpArgs& args) {
   if (!config.ok()) return Fail(config.status());
   auto dc = ChooseDataset(*config, args.dataset);
   if (!dc.ok()) return Fail(dc.status());
-  std::optional<bool> randomize;
-  if (!args.randomize.empty()) {
-    auto r = ParseOnOff("--randomize", args.randomize);
-    if (!r.ok()) return Fail(r.status());
-    randomize = *r;
-  }
-  if (auto st = RequireFileOrder(*dc, randomize); !st.ok()) return Fail(st);
-  auto ds = OpenWithProgress(*dc, args.threads);
+  auto request = args.stream.ToRequest();
+  if (!request.ok()) return Fail(request.status());
+  auto ds = OpenWithProgress(*dc, request->threads);
   if (!ds.ok()) return Fail(ds.status());
+  auto resolved = ResolveStream(**ds, *request);
+  if (!resolved.ok()) return Fail(resolved.status());
   auto assembler = MakeCpuAssembler();
-  LoaderOptions lo;
-  lo.planner.minibatch_size = args.minibatch_size;
-  lo.planner.epochs = args.epochs;
-  if (args.epoch_size > 0) lo.planner.epoch_size = args.epoch_size;
-  else lo.planner.epoch_size = dc->epoch_size;
-  lo.threads = args.threads;
-  auto loader = Loader::Create(ds->get(), assembler.get(), lo);
+  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
   if (!loader.ok()) return Fail(loader.status());
   Batch batch;
   std::string out;
@@ -55,7 +42,7 @@ int RunDump(const DumpArgs& args) {
     }
     if (!*more) break;
     out.clear();
-    AppendDump(batch.epoch, batch.index, batch.plan, batch.bytes, &out);
+    AppendDump(batch.epoch, batch.index, batch.plan, batch.bytes, resolved->Encode(batch.after), &out);
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
   std::fflush(stdout);
@@ -74,21 +61,16 @@ void RegisterDump(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DumpArgs>();
   CLI::App* cmd = app.add_subcommand(
       "dump",
-      "Decode a dataset through the real read path (index, parser, minibatch packing, batch "
-      "assembly) and print every sequence as one JSON line:\n"
+      "Decode a dataset through the real read path (index, randomizer, parser threads, "
+      "minibatch packing, batch assembly) and print every sequence as one JSON line, in "
+      "delivery order:\n"
       "  {\"epoch\":0,\"batch\":0,\"key\":\"100\",\"streams\":{\"a\":{\"dense\":[[1,2,3]]},"
       "\"b\":{\"sparse\":[[[100,3]]]}}}\n"
-      "Minibatches take whole sequences while they hold at most --minibatch-size samples.");
+      "The last line of every minibatch carries \"cursor\": pass it to --resume to continue "
+      "exactly after that minibatch, on any machine.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to dump (may be left out when there is only one)");
-  cmd->add_option("--randomize", args->randomize,
-                  "on|off; default: the dataset's randomize. This build reads in file order (off)");
-  cmd->add_option("--minibatch-size", args->minibatch_size, "Samples per minibatch (default 256)")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
-  cmd->add_option("--epochs", args->epochs, "Epochs to read (default 1)")->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32));
-  cmd->add_option("--epoch-size", args->epoch_size, "Samples per epoch (default: the dataset's epochSize, else one sweep)");
-  cmd->add_option("--threads", args->threads, "Parser threads (default 1; output is the same for any value)")
-      ->check(CLI::Range(1, 256));
+  AddStreamOptions(cmd, &args->stream);
   cmd->callback([args, exit_code] { *exit_code = RunDump(*args); });
 }
 

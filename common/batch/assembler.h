@@ -18,9 +18,9 @@ class BatchAssembler {
   // "cpu", "cuda", ...
   virtual const char* name() const = 0;
   // Writes the batch into `dst`, which must hold plan.total_bytes bytes and stay valid until
-  // the call returns. `sequences` must be the ones `plan` was made from. Errors:
+  // the call returns. `pieces` must be the ones `plan` was made from. Errors:
   // InvalidArgument (destination too small), Unimplemented (a backend not built), Internal.
-  virtual absl::Status Assemble(const BatchPlan& plan, absl::Span<const SequenceRef> sequences,
+  virtual absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                                 absl::Span<std::byte> dst) = 0;
 };
 

@@ -14,6 +14,8 @@ size_t DTypeSize(DType t) {
     case DType::kFloat64:
     case DType::kInt64:
       return 8;
+    case DType::kUInt8:
+      return 1;
   }
   return 0;
 }
@@ -28,6 +30,8 @@ const char* DTypeName(DType t) {
       return "int32";
     case DType::kInt64:
       return "int64";
+    case DType::kUInt8:
+      return "uint8";
   }
   return "?";
 }
@@ -48,41 +52,86 @@ void Place(ArrayDesc* a, DType dtype, std::vector<uint64_t> shape, uint64_t* cur
 
 }  // namespace
 
+uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
+  const ParsedStream& ps = p.chunk->streams[s];
+  const uint64_t len = ps.num_samples(p.slot);
+  const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
+  const uint64_t e = p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
+  *begin = ps.sequence_begin[p.slot] + b;
+  return static_cast<uint32_t>(e - b);
+}
+
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
-                                    bool frame_mode, absl::Span<const SequenceRef> sequences) {
+                                    const BatchShape& shape, absl::Span<const PieceRef> pieces) {
   BatchPlan plan;
   plan.precision = precision;
-  plan.num_sequences = sequences.size();
-  plan.keys.reserve(sequences.size());
-  for (const SequenceRef& r : sequences) {
-    plan.keys.push_back(r.chunk->keys[r.slot]);
-    plan.num_samples += r.chunk->lengths[r.slot];
+  plan.shape = shape;
+  plan.num_sequences = pieces.size();
+  const uint64_t n = shape.rows;
+  const bool bptt = shape.steps > 0;
+  int main_stream = -1;
+  for (size_t s = 0; s < streams.size(); ++s)
+    if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
+  plan.pieces.resize(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const PieceRef& p = pieces[i];
+    if (p.row >= n) return absl::InternalError("piece row outside the batch");
+    PlacedPiece& pp = plan.pieces[i];
+    pp.key = p.chunk->keys[p.slot];
+    pp.frame = p.frame;
+    pp.row = p.row;
+    pp.t0 = p.t0;
+    pp.sample_begin = p.sample_begin;
+    pp.truncated = bptt;
+    pp.counts.resize(streams.size());
+    uint32_t longest = 0;
+    for (size_t s = 0; s < streams.size(); ++s) {
+      uint64_t b;
+      pp.counts[s] = PieceSamples(p, s, &b);
+      longest = std::max(longest, pp.counts[s]);
+      if (shape.frame_mode && pp.counts[s] > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "frame mode: sequence ", pp.key, " has ", pp.counts[s], " samples of input '", streams[s].name,
+            "' in one frame; expected one sample per frame"));
+      }
+      if (bptt && p.t0 + pp.counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
+    }
+    if (bptt) {
+      for (size_t s = 0; s < streams.size(); ++s) {
+        if (pp.counts[s] != longest) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "truncated BPTT: sequence ", pp.key, " has streams of different lengths; every input of a "
+              "sequence must have the same number of samples"));
+        }
+      }
+    }
+    plan.num_samples += main_stream >= 0 ? pp.counts[main_stream] : longest;
   }
   const DType value_type = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
-  const uint64_t n = sequences.size();
   uint64_t cursor = 0;
+  if (bptt) {
+    Place(&plan.mask, DType::kUInt8, {n, shape.steps}, &cursor);
+    Place(&plan.flags, DType::kUInt8, {n, shape.steps}, &cursor);
+  }
   for (size_t s = 0; s < streams.size(); ++s) {
     StreamLayout L;
     L.name = streams[s].name;
     L.format = streams[s].format;
     L.dim = static_cast<uint32_t>(streams[s].dim);
-    L.sequence_axis = !frame_mode;
-    for (const SequenceRef& r : sequences) {
-      const ParsedStream& ps = r.chunk->streams[s];
-      const uint64_t len = ps.num_samples(r.slot);
-      if (frame_mode && len > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "frame mode: sequence ", r.chunk->keys[r.slot], " has ", len, " samples of input '",
-            L.name, "'; expected one sample per sequence (set frameMode: false)"));
-      }
-      L.max_length = std::max(L.max_length, len);
-      L.num_samples += len;
-      if (L.format == StreamFormat::kSparse) {
-        const uint64_t b = ps.sequence_begin[r.slot], e = ps.sequence_begin[r.slot + 1];
-        L.nnz += ps.nnz_begin[e] - ps.nnz_begin[b];
+    L.sequence_axis = !shape.frame_mode;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const uint32_t c = plan.pieces[i].counts[s];
+      L.max_length = std::max<uint64_t>(L.max_length, pieces[i].t0 + c);
+      L.num_samples += c;
+      if (L.format == StreamFormat::kSparse && c > 0) {
+        uint64_t b;
+        PieceSamples(pieces[i], s, &b);
+        const ParsedStream& ps = pieces[i].chunk->streams[s];
+        L.nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
       }
     }
-    if (frame_mode) L.max_length = 1;
+    if (shape.frame_mode) L.max_length = 1;
+    if (bptt) L.max_length = shape.steps;
     const uint64_t T = L.max_length;
     if (L.sequence_axis) Place(&L.lengths, DType::kInt32, {n}, &cursor);
     if (L.format == StreamFormat::kDense) {

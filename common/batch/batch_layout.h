@@ -1,10 +1,13 @@
 // batch_layout.h: the layout of one batch in memory (DESIGN.md section 6) and how to plan
-// it. A batch is one contiguous buffer (a slot) holding, per stream, in stream order:
+// it. A batch is one contiguous buffer (a slot) with N rows. Per stream, in stream order:
 //   dense,  frame mode:    values[N][dim]
 //   dense,  sequence mode: lengths[N] (int32), values[N][T][dim] (padding zeroed)
 //   sparse, frame mode:    colptr[N+1], rowind[nnz] (int32), values[nnz]
 //   sparse, sequence mode: lengths[N], colptr[N*T+1], rowind[nnz], values[nnz]
-//                          (column n*T+t is step t of sequence n; padded steps are empty)
+//                          (column n*T+t is step t of row n; padded steps are empty)
+// Truncated BPTT adds, before the streams, mask[N][T] (uint8: 1 valid step, 0 gap) and
+// flags[N][T] (uint8: bit 0 a sequence begins at this step, bit 1 one ends there); every
+// stream then has T = the truncation length.
 // colptr is int32 unless nnz needs int64. Every array starts 256-byte aligned, and every
 // byte of the slot up to total_bytes is defined (gaps and padding are zero), so two
 // assemblers can be compared byte for byte.
@@ -22,7 +25,7 @@
 
 namespace conveyor {
 
-enum class DType : uint8_t { kFloat32 = 0, kFloat64 = 1, kInt32 = 2, kInt64 = 3 };
+enum class DType : uint8_t { kFloat32 = 0, kFloat64 = 1, kInt32 = 2, kInt64 = 3, kUInt8 = 4 };
 size_t DTypeSize(DType t);
 const char* DTypeName(DType t);
 
@@ -47,24 +50,54 @@ struct StreamLayout {
   ArrayDesc lengths, values, colptr, rowind;
 };
 
-// One sequence of a batch: where its parsed data lives.
-struct SequenceRef {
+// One piece of a sequence placed in the batch: samples [sample_begin, sample_begin+count)
+// of the parsed sequence (each stream clipped to its own length; count kAll: all of it),
+// written to row `row` from time step `t0` on.
+struct PieceRef {
+  static constexpr uint32_t kAll = UINT32_MAX;
   const ParsedChunk* chunk = nullptr;
   uint32_t slot = 0;  // parsed sequence index within `chunk`
+  uint32_t sample_begin = 0;
+  uint32_t sample_count = kAll;
+  uint32_t row = 0;
+  uint32_t t0 = 0;
+  bool begins = true, ends = true;
+  int64_t frame = -1;  // shown in dumps: the frame of a multi-sample sequence (frame mode)
+};
+
+struct BatchShape {
+  uint32_t rows = 0;        // N
+  uint32_t steps = 0;       // truncated BPTT: T (adds mask and flags); 0: per-stream longest
+  bool frame_mode = false;  // no time axis; every piece is at most one sample
+};
+
+// Where each piece landed, for readers of the batch (dump, clients).
+struct PlacedPiece {
+  uint64_t key = 0;
+  int64_t frame = -1;
+  uint32_t row = 0, t0 = 0, sample_begin = 0;
+  bool truncated = false;
+  std::vector<uint32_t> counts;  // per stream: samples written
 };
 
 struct BatchPlan {
   Precision precision = Precision::kFloat;
-  uint64_t num_sequences = 0;
-  uint64_t num_samples = 0;  // minibatch-size samples (definesMBSize stream, else longest)
+  BatchShape shape;
+  uint64_t num_sequences = 0;  // pieces
+  uint64_t num_samples = 0;    // minibatch-size samples (definesMBSize stream, else longest)
   uint64_t total_bytes = 0;
+  ArrayDesc mask, flags;       // truncated BPTT only
   std::vector<StreamLayout> streams;
-  std::vector<uint64_t> keys;  // per sequence
+  std::vector<PlacedPiece> pieces;
 };
 
-// Plans the batch of `sequences` (all from chunks parsed with `streams` and `precision`).
-// Errors: InvalidArgument when frame_mode is set and a sequence has more than one sample.
+// Plans the batch of `pieces` (all from chunks parsed with `streams` and `precision`).
+// Errors: InvalidArgument when a frame-mode piece has several samples, a piece falls
+// outside its row in BPTT, streams of a BPTT piece differ in length, or rows overlap.
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
-                                    bool frame_mode, absl::Span<const SequenceRef> sequences);
+                                    const BatchShape& shape, absl::Span<const PieceRef> pieces);
+
+// Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
+uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin);
 
 }  // namespace conveyor

@@ -1,5 +1,7 @@
 // The CPU reference assembler: straight copies out of the parsed columns.
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/batch/assembler.h"
@@ -7,61 +9,80 @@
 namespace conveyor {
 namespace {
 
+// Pieces ordered by (row, t0): the order of CSC columns.
+std::vector<uint32_t> ColumnOrder(absl::Span<const PieceRef> pieces) {
+  std::vector<uint32_t> order(pieces.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return pieces[a].row != pieces[b].row ? pieces[a].row < pieces[b].row : pieces[a].t0 < pieces[b].t0;
+  });
+  return order;
+}
+
 template <typename T>
-void AssembleStream(const StreamLayout& L, size_t s, absl::Span<const SequenceRef> seqs,
-                    std::byte* dst) {
-  const uint64_t T_len = L.max_length;
+void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
+                    const std::vector<uint32_t>& order, std::byte* dst) {
+  const StreamLayout& L = plan.streams[s];
+  const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
+  const uint64_t rows = plan.shape.rows;
   if (L.lengths.present()) {
     auto* lengths = reinterpret_cast<int32_t*>(dst + L.lengths.offset);
-    for (size_t i = 0; i < seqs.size(); ++i)
-      lengths[i] = static_cast<int32_t>(seqs[i].chunk->streams[s].num_samples(seqs[i].slot));
+    std::memset(lengths, 0, rows * sizeof(int32_t));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.pieces[i].counts[s]);
+      lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
+    }
   }
   if (L.format == StreamFormat::kDense) {
     T* out = reinterpret_cast<T*>(dst + L.values.offset);
-    const uint64_t row = L.dim;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const ParsedStream& ps = seqs[i].chunk->streams[s];
-      const uint64_t b = ps.sequence_begin[seqs[i].slot];
-      const uint64_t len = ps.sequence_begin[seqs[i].slot + 1] - b;
-      T* seq_out = out + i * T_len * row;
-      std::memcpy(seq_out, ps.values<T>().data() + b * row, len * row * sizeof(T));
-      std::memset(seq_out + len * row, 0, (T_len - len) * row * sizeof(T));
+    const uint64_t row_values = L.dim;
+    std::memset(out, 0, L.values.bytes);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PieceRef& p = pieces[i];
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      std::memcpy(out + (p.row * T_len + p.t0) * row_values,
+                  p.chunk->streams[s].values<T>().data() + b * row_values, c * row_values * sizeof(T));
     }
     return;
   }
-  // Sparse CSC: one column per (sequence, step); padded steps are empty columns.
+  // Sparse CSC: one column per (row, step); steps no piece covers are empty columns.
   const bool wide = L.colptr.dtype == DType::kInt64;
   auto* colptr32 = reinterpret_cast<int32_t*>(dst + L.colptr.offset);
   auto* colptr64 = reinterpret_cast<int64_t*>(dst + L.colptr.offset);
   auto* rowind = reinterpret_cast<int32_t*>(dst + L.rowind.offset);
   T* values = reinterpret_cast<T*>(dst + L.values.offset);
   uint64_t col = 0, nnz = 0;
-  auto put_col = [&](uint64_t v) {
-    if (wide) colptr64[col++] = static_cast<int64_t>(v);
-    else colptr32[col++] = static_cast<int32_t>(v);
-  };
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const ParsedStream& ps = seqs[i].chunk->streams[s];
-    const uint64_t b = ps.sequence_begin[seqs[i].slot];
-    const uint64_t len = ps.sequence_begin[seqs[i].slot + 1] - b;
-    const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + len];
-    for (uint64_t t = 0; t < len; ++t) {
-      put_col(nnz + ps.nnz_begin[b + t] - nb);
+  auto fill_to = [&](uint64_t end_col) {  // empty columns up to end_col
+    for (; col < end_col; ++col) {
+      if (wide) colptr64[col] = static_cast<int64_t>(nnz);
+      else colptr32[col] = static_cast<int32_t>(nnz);
     }
-    const uint64_t pad = L.sequence_axis ? T_len - len : 0;
-    for (uint64_t t = 0; t < pad; ++t) put_col(nnz + ne - nb);
+  };
+  for (uint32_t i : order) {
+    const PieceRef& p = pieces[i];
+    const ParsedStream& ps = p.chunk->streams[s];
+    uint64_t b;
+    const uint32_t c = PieceSamples(p, s, &b);
+    fill_to(p.row * T_len + p.t0);
+    for (uint32_t t = 0; t < c; ++t) {
+      if (wide) colptr64[col] = static_cast<int64_t>(nnz + ps.nnz_begin[b + t] - ps.nnz_begin[b]);
+      else colptr32[col] = static_cast<int32_t>(nnz + ps.nnz_begin[b + t] - ps.nnz_begin[b]);
+      ++col;
+    }
+    const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
     std::memcpy(rowind + nnz, ps.indices.data() + nb, (ne - nb) * sizeof(int32_t));
     std::memcpy(values + nnz, ps.values<T>().data() + nb, (ne - nb) * sizeof(T));
     nnz += ne - nb;
   }
-  put_col(nnz);
+  fill_to(rows * T_len + 1);
 }
 
 class CpuAssembler final : public BatchAssembler {
  public:
   const char* name() const override { return "cpu"; }
 
-  absl::Status Assemble(const BatchPlan& plan, absl::Span<const SequenceRef> seqs,
+  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
     if (dst.size() < plan.total_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes,
@@ -74,6 +95,8 @@ class CpuAssembler final : public BatchAssembler {
       std::memset(dst.data() + cursor, 0, a.offset - cursor);
       cursor = a.offset + a.bytes;
     };
+    gap_to(plan.mask);
+    gap_to(plan.flags);
     for (const StreamLayout& L : plan.streams) {
       gap_to(L.lengths);
       gap_to(L.colptr);
@@ -81,11 +104,27 @@ class CpuAssembler final : public BatchAssembler {
       gap_to(L.values);
     }
     std::memset(dst.data() + cursor, 0, plan.total_bytes - cursor);
+    if (plan.mask.present()) {
+      const uint64_t T = plan.shape.steps;
+      auto* mask = reinterpret_cast<uint8_t*>(dst.data() + plan.mask.offset);
+      auto* flags = reinterpret_cast<uint8_t*>(dst.data() + plan.flags.offset);
+      std::memset(mask, 0, plan.mask.bytes);
+      std::memset(flags, 0, plan.flags.bytes);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        uint32_t c = 0;
+        for (uint32_t v : plan.pieces[i].counts) c = std::max(c, v);
+        const uint64_t at = pieces[i].row * T + pieces[i].t0;
+        std::memset(mask + at, 1, c);
+        if (c > 0 && pieces[i].begins) flags[at] |= 1;
+        if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
+      }
+    }
+    const std::vector<uint32_t> order = ColumnOrder(pieces);
     for (size_t s = 0; s < plan.streams.size(); ++s) {
       if (plan.precision == Precision::kFloat) {
-        AssembleStream<float>(plan.streams[s], s, seqs, dst.data());
+        AssembleStream<float>(plan, s, pieces, order, dst.data());
       } else {
-        AssembleStream<double>(plan.streams[s], s, seqs, dst.data());
+        AssembleStream<double>(plan, s, pieces, order, dst.data());
       }
     }
     return absl::OkStatus();

@@ -2,7 +2,9 @@
 
 #include <charconv>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -37,16 +39,17 @@ int64_t LoadIndex(const ArrayDesc& a, const std::byte* base, uint64_t i) {
 }
 
 template <typename T>
-void AppendStream(const StreamLayout& L, uint64_t n, const std::byte* base, std::string* out) {
-  const uint64_t len = L.lengths.present() ? static_cast<uint64_t>(Load<int32_t>(base + L.lengths.offset + n * 4)) : 1;
+void AppendStream(const StreamLayout& L, const PlacedPiece& p, size_t s, const std::byte* base,
+                  std::string* out) {
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
+  const uint32_t count = p.counts[s];
   const T* values = reinterpret_cast<const T*>(base + L.values.offset);
   if (L.format == StreamFormat::kDense) {
     out->append("{\"dense\":[");
-    for (uint64_t t = 0; t < len; ++t) {
+    for (uint64_t t = 0; t < count; ++t) {
       if (t) out->push_back(',');
       out->push_back('[');
-      const T* row = values + (n * T_len + t) * L.dim;
+      const T* row = values + (p.row * T_len + p.t0 + t) * L.dim;
       for (uint32_t j = 0; j < L.dim; ++j) {
         if (j) out->push_back(',');
         AppendNumber(row[j], out);
@@ -57,10 +60,10 @@ void AppendStream(const StreamLayout& L, uint64_t n, const std::byte* base, std:
     return;
   }
   out->append("{\"sparse\":[");
-  for (uint64_t t = 0; t < len; ++t) {
+  for (uint64_t t = 0; t < count; ++t) {
     if (t) out->push_back(',');
     out->push_back('[');
-    const uint64_t col = n * T_len + t;
+    const uint64_t col = p.row * T_len + p.t0 + t;
     const int64_t b = LoadIndex(L.colptr, base, col), e = LoadIndex(L.colptr, base, col + 1);
     for (int64_t k = b; k < e; ++k) {
       if (k > b) out->push_back(',');
@@ -80,11 +83,29 @@ void AppendNumber(float v, std::string* out) { AppendReal(v, 9, out); }
 void AppendNumber(double v, std::string* out) { AppendReal(v, 17, out); }
 
 void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
-                absl::Span<const std::byte> bytes, std::string* out) {
+                absl::Span<const std::byte> bytes, const std::string& cursor, std::string* out) {
   const std::byte* base = bytes.data();
-  for (uint64_t n = 0; n < plan.num_sequences; ++n) {
-    absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"", plan.keys[n],
-                    "\",\"streams\":{");
+  if (plan.pieces.empty()) {
+    if (!cursor.empty()) {
+      absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"empty\":true,\"cursor\":\"",
+                      cursor, "\"}\n");
+    }
+    return;
+  }
+  // Lines in row order (then time): the order sequences sit in the batch.
+  std::vector<size_t> order(plan.pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const PlacedPiece &x = plan.pieces[a], &y = plan.pieces[b];
+    return x.row != y.row ? x.row < y.row : x.t0 < y.t0;
+  });
+  for (size_t n = 0; n < order.size(); ++n) {
+    const PlacedPiece& p = plan.pieces[order[n]];
+    absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"", p.key);
+    if (p.frame >= 0) absl::StrAppend(out, "/", p.frame);
+    out->append("\"");
+    if (p.truncated) absl::StrAppend(out, ",\"slot\":", p.row, ",\"offset\":", p.sample_begin);
+    out->append(",\"streams\":{");
     for (size_t s = 0; s < plan.streams.size(); ++s) {
       if (s) out->push_back(',');
       // Stream names come from the configuration: escape what JSON requires.
@@ -95,12 +116,14 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
       }
       out->append("\":");
       if (plan.precision == Precision::kFloat) {
-        AppendStream<float>(plan.streams[s], n, base, out);
+        AppendStream<float>(plan.streams[s], p, s, base, out);
       } else {
-        AppendStream<double>(plan.streams[s], n, base, out);
+        AppendStream<double>(plan.streams[s], p, s, base, out);
       }
     }
-    out->append("}}\n");
+    out->push_back('}');
+    if (n + 1 == order.size() && !cursor.empty()) absl::StrAppend(out, ",\"cursor\":\"", cursor, "\"");
+    out->append("}\n");
   }
 }
 

@@ -14,9 +14,13 @@
 
 namespace conveyor {
 
-// Appends the lines of one batch to `out`. `bytes` is the batch as `plan` lays it out.
+// Appends the lines of one batch to `out`: one per piece, in row order. `bytes` is the
+// batch as `plan` lays it out. A frame of a multi-sample sequence has key "KEY/FRAME";
+// truncated BPTT lines carry "slot" (row) and "offset" (first sample of the piece).
+// A non-empty `cursor` is added as "cursor" to the batch's last line; a batch with no
+// piece (an empty local minibatch) then prints {"epoch":E,"batch":B,"empty":true,"cursor":...}.
 void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
-                absl::Span<const std::byte> bytes, std::string* out);
+                absl::Span<const std::byte> bytes, const std::string& cursor, std::string* out);
 
 // Appends `v` as the dump prints it.
 void AppendNumber(float v, std::string* out);

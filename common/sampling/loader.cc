@@ -1,7 +1,6 @@
 #include "common/sampling/loader.h"
 
 #include <cstdlib>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -12,13 +11,15 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const Dataset* dataset,
                                                        BatchAssembler* assembler,
                                                        const LoaderOptions& options) {
   if (options.threads < 1) return absl::InvalidArgumentError("threads must be at least 1");
-  ASSIGN_OR_RETURN(FileOrderPlanner planner, FileOrderPlanner::Create(&dataset->index(), options.planner));
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, Planner::Create(&dataset->index(), options.planner));
+  if (options.resume) RETURN_IF_ERROR(planner->Seek(*options.resume));
   return std::unique_ptr<Loader>(new Loader(dataset, assembler, std::move(planner), options));
 }
 
-Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, FileOrderPlanner planner,
+Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
                const LoaderOptions& options)
-    : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)) {
+    : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)),
+      bptt_(options.planner.truncation > 0) {
   ChunkPipelineOptions po;
   po.threads = options.threads;
   po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
@@ -32,11 +33,22 @@ Loader::~Loader() {
   std::free(buffer_);
 }
 
+void Loader::Unref(uint64_t ticket) {
+  auto it = ticket_refs_.find(ticket);
+  if (it != ticket_refs_.end() && it->second > 0) --it->second;
+  if ((it == ticket_refs_.end() || it->second == 0) && closed_.count(ticket)) {
+    closed_.erase(ticket);
+    ticket_refs_.erase(ticket);
+    pipeline_->Release(ticket);
+  }
+}
+
 void Loader::PlanAhead() {
-  // Keep at least one batch planned, and enough batches that `lookahead_chunks_` chunks
-  // beyond the current batch are scheduled.
-  while (!planner_done_ && (planned_.empty() || scheduled_ahead_ < lookahead_chunks_)) {
-    std::optional<PlannedBatch> b = planner_.Next();
+  // At least one batch planned; then more while fewer than `lookahead_chunks_` chunks are
+  // scheduled ahead of the consumer (bounded, for datasets of very few chunks).
+  const size_t max_planned = 4 + 4 * lookahead_chunks_;
+  while (!planner_done_ && (planned_.empty() || (scheduled_ahead_ < lookahead_chunks_ && planned_.size() < max_planned))) {
+    std::optional<PlannedBatch> b = planner_->Next();
     if (!b) {
       planner_done_ = true;
       break;
@@ -44,87 +56,106 @@ void Loader::PlanAhead() {
     Planned p;
     p.batch = std::move(*b);
     std::set<uint64_t> used;
-    for (const PlannedSequence& s : p.batch.sequences) {
-      if (!open_chunk_ || *open_chunk_ != s.chunk) {
-        const uint64_t previous = open_ticket_;
-        const bool had_open = open_chunk_.has_value();
-        open_chunk_ = s.chunk;
-        open_ticket_ = pipeline_->Enqueue(s.chunk);
+    for (const Piece& piece : p.batch.pieces) {
+      auto it = open_.find(piece.chunk);
+      if (it == open_.end()) {
+        it = open_.emplace(piece.chunk, pipeline_->Enqueue(piece.chunk)).first;
         ++scheduled_ahead_;
-        if (had_open && ticket_refs_.count(previous) && ticket_refs_[previous] == 0) {
-          ticket_refs_.erase(previous);
-          pipeline_->Release(previous);
-        }
       }
-      p.tickets.push_back(open_ticket_);
-      if (used.insert(open_ticket_).second) ++ticket_refs_[open_ticket_];
+      p.tickets.push_back(it->second);
+      if (used.insert(it->second).second) ++ticket_refs_[it->second];
+    }
+    for (uint32_t c : p.batch.exhausted_chunks) {
+      auto it = open_.find(c);
+      if (it == open_.end()) continue;
+      const uint64_t t = it->second;
+      open_.erase(it);
+      closed_.insert(t);
+      if (ticket_refs_[t] == 0) Unref(t);
     }
     planned_.push_back(std::move(p));
   }
 }
 
-void Loader::Retire(const Planned& p) {
-  std::set<uint64_t> used(p.tickets.begin(), p.tickets.end());
-  for (uint64_t t : used) {
-    if (--ticket_refs_[t] == 0 && !(open_chunk_ && t == open_ticket_)) {
-      ticket_refs_.erase(t);
-      pipeline_->Release(t);
-    }
-  }
-}
-
 absl::StatusOr<bool> Loader::Next(Batch* out) {
-  while (true) {
-    PlanAhead();
-    if (planned_.empty()) return false;
-    Planned p = std::move(planned_.front());
-    planned_.pop_front();
-    std::vector<SequenceRef> refs;
-    refs.reserve(p.batch.sequences.size());
-    std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;
-    absl::Status failed;
-    for (size_t i = 0; i < p.batch.sequences.size(); ++i) {
-      const uint64_t t = p.tickets[i];
-      auto it = held.find(t);
-      if (it == held.end()) {
-        auto chunk = pipeline_->Get(t);
-        if (!chunk.ok()) {
-          failed = chunk.status();
-          break;
-        }
-        if (!fetched_any_ || t > last_fetched_) {  // tickets are first fetched in order
-          fetched_any_ = true;
-          last_fetched_ = t;
-          if (scheduled_ahead_ > 0) --scheduled_ahead_;
-        }
-        it = held.emplace(t, *chunk).first;
+  PlanAhead();
+  if (planned_.empty()) return false;
+  Planned p = std::move(planned_.front());
+  planned_.pop_front();
+  std::vector<PieceRef> refs;
+  refs.reserve(p.batch.pieces.size());
+  std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;
+  absl::Status failed;
+  uint32_t rows = bptt_ ? p.batch.rows : 0;
+  const bool frame_mode = planner_->options().randomizer.frame_mode;
+  for (size_t i = 0; i < p.batch.pieces.size(); ++i) {
+    const Piece& piece = p.batch.pieces[i];
+    const uint64_t t = p.tickets[i];
+    auto it = held.find(t);
+    if (it == held.end()) {
+      auto chunk = pipeline_->Get(t);
+      if (!chunk.ok()) {
+        failed = chunk.status();
+        break;
       }
-      const int32_t slot = it->second->slot_of[p.batch.sequences[i].index_in_chunk];
-      if (slot >= 0) refs.push_back({it->second.get(), static_cast<uint32_t>(slot)});
-    }
-    Retire(p);
-    if (!failed.ok()) return failed;
-    if (refs.empty()) continue;  // every sequence of this batch was bad and skipped
-    ASSIGN_OR_RETURN(BatchPlan plan, PlanBatch(dataset_->streams(), dataset_->config().precision,
-                                               dataset_->config().frame_mode, refs));
-    if (plan.total_bytes > buffer_size_) {
-      std::free(buffer_);
-      buffer_size_ = std::max<size_t>(plan.total_bytes, buffer_size_ * 3 / 2);
-      buffer_size_ = (buffer_size_ + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
-      buffer_ = static_cast<std::byte*>(std::aligned_alloc(kArrayAlignment, buffer_size_));
-      if (buffer_ == nullptr) {
-        buffer_size_ = 0;
-        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", plan.total_bytes, "-byte batch"));
+      if (!fetched_any_ || t > last_fetched_) {  // tickets are first fetched in order
+        fetched_any_ = true;
+        last_fetched_ = t;
+        if (scheduled_ahead_ > 0) --scheduled_ahead_;
       }
+      it = held.emplace(t, *chunk).first;
     }
-    RETURN_IF_ERROR(assembler_->Assemble(plan, refs, absl::MakeSpan(buffer_, plan.total_bytes)));
-    out->epoch = p.batch.epoch;
-    out->index = p.batch.batch;
-    out->end_of_epoch = p.batch.end_of_epoch;
-    out->plan = std::move(plan);
-    out->bytes = absl::MakeConstSpan(buffer_, out->plan.total_bytes);
-    return true;
+    const int32_t slot = it->second->slot_of[piece.index_in_chunk];
+    if (slot < 0) continue;  // dropped as bad: a gap in BPTT, one row less otherwise
+    PieceRef r;
+    r.chunk = it->second.get();
+    r.slot = static_cast<uint32_t>(slot);
+    r.sample_begin = piece.sample_begin;
+    r.sample_count = piece.sample_count;
+    r.row = bptt_ ? piece.row : rows++;
+    r.t0 = piece.t0;
+    r.begins = piece.begins;
+    r.ends = piece.ends;
+    if (frame_mode && dataset_->index().sequences[piece.sequence].num_samples > 1) r.frame = piece.frame;
+    refs.push_back(r);
   }
+  std::set<uint64_t> used(p.tickets.begin(), p.tickets.end());
+  if (!failed.ok()) {
+    for (uint64_t t : used) Unref(t);
+    return failed;
+  }
+  BatchShape shape;
+  shape.rows = rows;
+  shape.steps = p.batch.steps;
+  shape.frame_mode = frame_mode;
+  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs);
+  if (!plan.ok()) {
+    for (uint64_t t : used) Unref(t);
+    return plan.status();
+  }
+  if (plan->total_bytes > buffer_size_) {
+    std::free(buffer_);
+    buffer_size_ = std::max<size_t>(plan->total_bytes, buffer_size_ * 3 / 2);
+    buffer_size_ = (buffer_size_ + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
+    buffer_ = static_cast<std::byte*>(std::aligned_alloc(kArrayAlignment, std::max<size_t>(buffer_size_, kArrayAlignment)));
+    if (buffer_ == nullptr) {
+      buffer_size_ = 0;
+      for (uint64_t t : used) Unref(t);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", plan->total_bytes, "-byte batch"));
+    }
+  }
+  absl::Status st = assembler_->Assemble(*plan, refs, absl::MakeSpan(buffer_, plan->total_bytes));
+  held.clear();
+  for (uint64_t t : used) Unref(t);
+  RETURN_IF_ERROR(st);
+  out->epoch = p.batch.epoch;
+  out->index = p.batch.batch;
+  out->end_of_epoch = p.batch.end_of_epoch;
+  out->end_of_sweep = p.batch.end_of_sweep;
+  out->plan = std::move(*plan);
+  out->bytes = absl::MakeConstSpan(buffer_, out->plan.total_bytes);
+  out->after = p.batch.after;
+  return true;
 }
 
 }  // namespace conveyor

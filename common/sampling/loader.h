@@ -1,6 +1,9 @@
 // loader.h: the whole local read path of one stream of minibatches: planner -> parser
-// threads (ChunkPipeline) -> assembler -> a batch in a reusable 256-byte-aligned buffer.
-// `conveyor dump` and `conveyor bench` run it; the daemon will run one per subscription.
+// threads (ChunkPipeline, parsing chunks in the order the plan first needs them and
+// dropping them once the plan has moved past them) -> assembler -> a batch in a reusable
+// 256-byte-aligned buffer. `conveyor dump` and `conveyor bench` run it; the daemon will run
+// one per subscription. Only the chunks of the randomization window (plus the prefetch)
+// are parsed and resident at any time, unless keepDataInMemory.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +29,7 @@ struct LoaderOptions {
   PlannerOptions planner;
   int threads = 1;   // parser threads
   int prefetch = 0;  // chunks parsed ahead; 0: 2 per thread
+  std::optional<CursorState> resume;  // continue after the batch this state follows
 };
 
 // One assembled batch. `bytes` is valid until the next call to Loader::Next().
@@ -32,45 +37,51 @@ struct Batch {
   uint64_t epoch = 0;
   uint64_t index = 0;  // within the epoch
   bool end_of_epoch = false;
-  BatchPlan plan;
+  bool end_of_sweep = false;
+  BatchPlan plan;      // may have no rows: an empty local minibatch (other ranks' data)
   absl::Span<const std::byte> bytes;
+  CursorState after;   // resume here to continue after this batch
 };
 
 class Loader {
  public:
-  // `dataset` and `assembler` must outlive the loader. Errors: InvalidArgument (options).
+  // `dataset` and `assembler` must outlive the loader. Errors: InvalidArgument (options,
+  // a resume state that does not fit the dataset).
   static absl::StatusOr<std::unique_ptr<Loader>> Create(const Dataset* dataset,
                                                         BatchAssembler* assembler,
                                                         const LoaderOptions& options);
   ~Loader();
 
   // Assembles the next batch into `out`; returns false after the last one. Errors: parse
-  // errors beyond maxErrors (DataLoss), assembly errors. Batches whose every sequence was
-  // dropped as bad are skipped.
+  // errors beyond maxErrors (DataLoss), assembly errors (InvalidArgument). A sequence
+  // dropped as bad leaves its batch smaller; batches are never skipped, so every rank sees
+  // the same number of them.
   absl::StatusOr<bool> Next(Batch* out);
 
   const ChunkPipeline& pipeline() const { return *pipeline_; }
+  // Chunks currently scheduled or held (for memory tests).
+  size_t open_chunks() const { return open_.size() + closed_.size(); }
 
  private:
   struct Planned {
     PlannedBatch batch;
-    std::vector<uint64_t> tickets;  // per sequence
+    std::vector<uint64_t> tickets;  // per piece
   };
-  Loader(const Dataset* dataset, BatchAssembler* assembler, FileOrderPlanner planner,
+  Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
          const LoaderOptions& options);
-  // Plans ahead so that the pipeline has enough chunks scheduled.
   void PlanAhead();
-  void Retire(const Planned& p);
+  void Unref(uint64_t ticket);
 
   const Dataset* const dataset_;
   BatchAssembler* const assembler_;
-  FileOrderPlanner planner_;
+  std::unique_ptr<Planner> planner_;
   std::unique_ptr<ChunkPipeline> pipeline_;
+  const bool bptt_;
   uint64_t lookahead_chunks_;
   std::deque<Planned> planned_;
   bool planner_done_ = false;
-  std::optional<uint64_t> open_chunk_;
-  uint64_t open_ticket_ = 0;
+  std::map<uint32_t, uint64_t> open_;       // chunk id -> ticket the plan may still add to
+  std::set<uint64_t> closed_;               // tickets the plan is done with, still referenced
   std::map<uint64_t, uint64_t> ticket_refs_;  // ticket -> planned batches using it
   uint64_t scheduled_ahead_ = 0;
   bool fetched_any_ = false;

@@ -2,82 +2,262 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace conveyor {
 
-absl::StatusOr<FileOrderPlanner> FileOrderPlanner::Create(const Index* index,
-                                                          const PlannerOptions& options) {
+bool CursorState::operator==(const CursorState& o) const {
+  if (epoch != o.epoch || batch != o.batch || sweep != o.sweep || segment != o.segment ||
+      offset != o.offset || sample_in_sweep != o.sample_in_sweep || slots.size() != o.slots.size())
+    return false;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].active != o.slots[i].active || slots[i].sequence != o.slots[i].sequence ||
+        slots[i].offset != o.slots[i].offset)
+      return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(const Index* index, const PlannerOptions& options) {
   if (options.minibatch_size == 0) return absl::InvalidArgumentError("minibatch size must be at least 1 sample");
   if (options.epoch_size && *options.epoch_size == 0) return absl::InvalidArgumentError("epoch size must be at least 1 sample");
-  return FileOrderPlanner(index, options);
+  if (options.world == 0) return absl::InvalidArgumentError("world must be at least 1");
+  if (options.rank >= options.world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is not below world ", options.world));
+  }
+  if (options.truncation > 0 && options.randomizer.frame_mode) {
+    return absl::InvalidArgumentError("frame mode and truncated BPTT cannot be combined");
+  }
+  if (options.randomizer.randomize && options.randomizer.window == 0) {
+    return absl::InvalidArgumentError("randomization window must be at least 1");
+  }
+  return std::unique_ptr<Planner>(new Planner(index, options));
 }
 
-FileOrderPlanner::FileOrderPlanner(const Index* index, const PlannerOptions& options)
-    : index_(index), options_(options) {
-  const auto& seqs = index_->sequences;
-  start_.resize(seqs.size());
-  chunk_of_.resize(seqs.size());
-  uint64_t pos = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    start_[i] = pos;
-    pos += seqs[i].num_samples;
+Planner::Planner(const Index* index, const PlannerOptions& options) : index_(index), options_(options) {
+  epoch_size_ = options_.epoch_size.value_or(index_->total_samples);
+  if (options_.truncation > 0) {
+    slots_ = options_.parallel > 0 ? options_.parallel
+                                   : static_cast<uint32_t>(std::max<uint64_t>(1, options_.minibatch_size / options_.truncation));
+    state_.slots.resize(slots_);
+    chunk_of_sequence_.resize(index_->sequences.size());
+    for (uint32_t c = 0; c < index_->chunks.size(); ++c) {
+      const ChunkEntry& ch = index_->chunks[c];
+      std::fill(chunk_of_sequence_.begin() + ch.first_sequence,
+                chunk_of_sequence_.begin() + ch.first_sequence + ch.num_sequences, c);
+    }
   }
-  for (size_t c = 0; c < index_->chunks.size(); ++c) {
-    const ChunkEntry& ch = index_->chunks[c];
-    std::fill(chunk_of_.begin() + ch.first_sequence,
-              chunk_of_.begin() + ch.first_sequence + ch.num_sequences, c);
-  }
-  epoch_size_ = options_.epoch_size.value_or(pos);
 }
 
-void FileOrderPlanner::StartEpoch() {
-  const uint64_t sweep_samples = index_->total_samples;
-  const uint64_t begin = epoch_ * epoch_size_;
-  sweep_ = begin / sweep_samples;
-  const uint64_t offset = begin % sweep_samples;
-  seq_ = std::lower_bound(start_.begin(), start_.end(), offset) - start_.begin();
-  if (seq_ == start_.size()) {  // nothing starts in the rest of this sweep
-    ++sweep_;
-    seq_ = 0;
+absl::Status Planner::Seek(const CursorState& state) {
+  const uint64_t n = index_->chunks.size();
+  if ((n > 0 && state.segment >= n) || state.sample_in_sweep > index_->total_samples) {
+    return absl::InvalidArgumentError("cursor position lies outside this dataset");
   }
-  batch_ = 0;
-  in_epoch_ = true;
+  if (state.slots.size() != state_.slots.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("cursor has ", state.slots.size(), " BPTT slots, this stream has ",
+                                                   state_.slots.size()));
+  }
+  for (const auto& slot : state.slots) {
+    if (slot.active && (slot.sequence >= index_->sequences.size() ||
+                        slot.offset >= index_->sequences[slot.sequence].num_samples)) {
+      return absl::InvalidArgumentError("cursor BPTT slot lies outside this dataset");
+    }
+  }
+  state_ = state;
+  order_.reset();
+  order_sweep_ = UINT64_MAX;
+  segment_ = nullptr;
+  loaded_segment_ = UINT64_MAX;
+  if (n > 0) {
+    OpenSweep(state_.sweep, state_.segment);
+    const std::vector<Unit>& seg = order_->Segment(state_.segment);
+    if (state_.offset > seg.size()) return absl::InvalidArgumentError("cursor offset lies outside its segment");
+    segment_ = &seg;
+    loaded_segment_ = state_.segment;
+  }
+  return absl::OkStatus();
 }
 
-std::optional<PlannedBatch> FileOrderPlanner::Next() {
-  const auto& seqs = index_->sequences;
-  if (seqs.empty() || index_->total_samples == 0 || epoch_size_ == 0) return std::nullopt;
-  const uint64_t sweep_samples = index_->total_samples;
-  auto position = [&] { return sweep_ * sweep_samples + start_[seq_]; };
+void Planner::OpenSweep(uint64_t sweep, uint64_t segment) {
+  order_ = std::make_unique<SweepOrder>(index_, options_.randomizer, sweep);
+  order_sweep_ = sweep;
+  const uint64_t n = index_->chunks.size();
+  last_segment_.resize(n);
+  for (uint64_t p = 0; p < n; ++p) last_segment_[p] = order_->LastSegment(p);
+  // Positions whose every unit lies before `segment` were done before this sweep was entered.
+  exhausted_upto_ = 0;
+  while (exhausted_upto_ < n && last_segment_[exhausted_upto_] < segment) ++exhausted_upto_;
+}
+
+void Planner::NoteExhausted(uint64_t up_to_segment, std::vector<uint32_t>* out) {
+  const uint64_t n = last_segment_.size();
+  while (exhausted_upto_ < n && last_segment_[exhausted_upto_] < up_to_segment) {
+    out->push_back(order_->chunk_at(exhausted_upto_++));
+  }
+}
+
+const Unit* Planner::Peek() {
+  const uint64_t n = index_->chunks.size();
+  if (n == 0 || index_->total_samples == 0) return nullptr;
   while (true) {
-    if (!in_epoch_) {
-      if (epoch_ >= options_.epochs) return std::nullopt;
-      StartEpoch();
+    if (!order_ || order_sweep_ != state_.sweep) {
+      OpenSweep(state_.sweep, state_.segment);
+      loaded_segment_ = UINT64_MAX;
     }
-    const uint64_t epoch_end = (epoch_ + 1) * epoch_size_;
-    PlannedBatch b;
-    b.epoch = epoch_;
-    b.batch = batch_;
-    while (position() < epoch_end) {
-      const uint64_t len = seqs[seq_].num_samples;
-      if (!b.sequences.empty() && b.planned_samples + len > options_.minibatch_size) break;
-      const uint64_t c = chunk_of_[seq_];
-      b.sequences.push_back({c, static_cast<uint32_t>(seq_ - index_->chunks[c].first_sequence)});
-      b.planned_samples += len;
-      if (++seq_ == seqs.size()) {  // end of a sweep: the minibatch ends here too
-        seq_ = 0;
-        ++sweep_;
-        break;
-      }
+    if (loaded_segment_ != state_.segment) {
+      segment_ = &order_->Segment(state_.segment);
+      loaded_segment_ = state_.segment;
     }
-    b.end_of_epoch = position() >= epoch_end;
-    if (b.end_of_epoch) {
-      in_epoch_ = false;
-      ++epoch_;
+    if (state_.offset < segment_->size()) return &(*segment_)[state_.offset];
+    // Segment done: the next one, or the next sweep.
+    state_.offset = 0;
+    if (state_.segment + 1 < n) {
+      ++state_.segment;
+      NoteExhausted(state_.segment, &pending_exhausted_);
+    } else {
+      NoteExhausted(n, &pending_exhausted_);
+      ++state_.sweep;
+      state_.segment = 0;
+      state_.sample_in_sweep = 0;
     }
-    if (b.sequences.empty()) continue;  // an epoch in which no sequence starts
-    ++batch_;
-    return b;
   }
+}
+
+void Planner::Advance() {
+  state_.sample_in_sweep += (*segment_)[state_.offset].samples;
+  ++state_.offset;
+}
+
+Piece Planner::MakePiece(const Unit& u) const {
+  Piece p;
+  p.sequence = u.sequence;
+  p.chunk = u.chunk;
+  p.index_in_chunk = static_cast<uint32_t>(u.sequence - index_->chunks[u.chunk].first_sequence);
+  p.frame = u.frame;
+  if (u.frame != Unit::kWholeSequence) {
+    p.sample_begin = u.frame;
+    p.sample_count = 1;
+  }
+  return p;
+}
+
+std::optional<PlannedBatch> Planner::Next() {
+  if (index_->total_samples == 0 || epoch_size_ == 0) return std::nullopt;
+  while (state_.epoch < options_.epochs) {
+    auto b = options_.truncation > 0 ? NextTruncated() : NextFrameOrSequence();
+    if (b) return b;
+  }
+  return std::nullopt;
+}
+
+std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
+  const uint64_t epoch_end = (state_.epoch + 1) * epoch_size_;
+  PlannedBatch b;
+  b.epoch = state_.epoch;
+  b.batch = state_.batch;
+  const uint64_t sweep = state_.sweep;
+  while (true) {
+    const Unit* u = Peek();
+    if (u == nullptr || state_.sweep != sweep || Position() >= epoch_end) break;
+    if (b.global_samples > 0 && b.global_samples + u->samples > options_.minibatch_size) break;
+    b.global_samples += u->samples;
+    if (u->position % options_.world == options_.rank) {
+      Piece p = MakePiece(*u);
+      p.row = b.rows++;
+      b.pieces.push_back(p);
+    }
+    Advance();
+  }
+  // Look at what comes next: it decides the ends of sweep and epoch.
+  const Unit* next = Peek();
+  b.end_of_sweep = state_.sweep != sweep;
+  b.end_of_epoch = next == nullptr || Position() >= epoch_end;
+  b.exhausted_chunks.swap(pending_exhausted_);
+  if (b.end_of_epoch) {
+    ++state_.epoch;
+    state_.batch = 0;
+  } else {
+    ++state_.batch;
+  }
+  b.after = state_;
+  if (b.global_samples == 0) return std::nullopt;  // an epoch in which no unit starts
+  return b;
+}
+
+std::optional<PlannedBatch> Planner::NextTruncated() {
+  const uint64_t epoch_end = (state_.epoch + 1) * epoch_size_;
+  const uint32_t T = options_.truncation;
+  PlannedBatch b;
+  b.epoch = state_.epoch;
+  b.batch = state_.batch;
+  b.steps = T;
+  bool any = false;
+  const uint64_t sweep = state_.sweep;
+  for (uint32_t j = 0; j < slots_; ++j) {
+    const bool local = j % options_.world == options_.rank;
+    const uint32_t row = j / options_.world;
+    if (local) b.rows = row + 1;
+    CursorState::Slot& slot = state_.slots[j];
+    uint32_t t = 0;
+    while (t < T) {
+      if (!slot.active) {
+        // A new sequence joins this slot unless the epoch (or sweep) is over.
+        const Unit* u = Peek();
+        if (u == nullptr || state_.sweep != sweep || Position() >= epoch_end) break;
+        slot.active = true;
+        slot.sequence = u->sequence;
+        slot.offset = 0;
+        b.global_samples += u->samples;
+        Advance();
+      }
+      const uint32_t len = index_->sequences[slot.sequence].num_samples;
+      const uint32_t take = std::min<uint32_t>(T - t, len - slot.offset);
+      if (local) {
+        Piece p;
+        p.sequence = slot.sequence;
+        p.chunk = chunk_of_sequence_[slot.sequence];
+        p.index_in_chunk = static_cast<uint32_t>(slot.sequence - index_->chunks[p.chunk].first_sequence);
+        p.sample_begin = slot.offset;
+        p.sample_count = take;
+        p.row = row;
+        p.t0 = t;
+        p.begins = slot.offset == 0;
+        p.ends = slot.offset + take == len;
+        b.pieces.push_back(p);
+      }
+      any = true;
+      t += take;
+      slot.offset += take;
+      if (slot.offset == len) slot.active = false;
+    }
+  }
+  b.rows = options_.rank < slots_ ? (slots_ - 1 - options_.rank) / options_.world + 1 : 0;
+  bool draining = false;
+  for (const auto& slot : state_.slots) draining = draining || slot.active;
+  const Unit* next = Peek();
+  const bool no_more = next == nullptr || state_.sweep != sweep || Position() >= epoch_end;
+  b.end_of_sweep = state_.sweep != sweep;
+  b.end_of_epoch = no_more && !draining;
+  // A chunk whose sequence is still in a slot stays needed until that sequence ends.
+  deferred_exhausted_.insert(deferred_exhausted_.end(), pending_exhausted_.begin(), pending_exhausted_.end());
+  pending_exhausted_.clear();
+  std::vector<uint32_t> still;
+  for (uint32_t c : deferred_exhausted_) {
+    bool held = false;
+    for (const auto& slot : state_.slots) held = held || (slot.active && chunk_of_sequence_[slot.sequence] == c);
+    (held ? still : b.exhausted_chunks).push_back(c);
+  }
+  deferred_exhausted_.swap(still);
+  if (b.end_of_epoch) {
+    ++state_.epoch;
+    state_.batch = 0;
+  } else {
+    ++state_.batch;
+  }
+  b.after = state_;
+  if (!any) return std::nullopt;
+  return b;
 }
 
 }  // namespace conveyor

@@ -68,15 +68,43 @@ TEST(Cli, MissingConfigSaysSo) {
   EXPECT_NE(r.out.find("/nonexistent/c.yaml: cannot open configuration"), std::string::npos) << r.out;
 }
 
-TEST(Cli, RandomizedDatasetNeedsFileOrderInThisBuild) {
-  TempDir dir;
-  dir.Write("d.ctf", "|a 1\n");
-  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
-  CliRun r = Conveyor("dump " + c);
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("pass --randomize off"), std::string::npos) << r.out;
-  CliRun ok = Conveyor("dump " + c + " --randomize off");
-  EXPECT_EQ(ok.code, 0) << ok.out;
+TEST(Cli, RandomizedDumpResumesFromAnyCursor) {
+  // Every batch's last line carries a cursor; resuming from it prints exactly the rest.
+  const std::string args = "dump " + kExamples + " --dataset sparse --randomize on --seed 5 --minibatch-size 300 --epochs 2";
+  CliRun full = Conveyor(args);
+  ASSERT_EQ(full.code, 0) << full.out;
+  std::vector<std::string> lines;
+  for (size_t p = 0, q; (q = full.out.find('\n', p)) != std::string::npos; p = q + 1) lines.push_back(full.out.substr(p, q - p));
+  ASSERT_EQ(lines.size(), 4000u);
+  size_t resumed = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const size_t at = lines[i].find("\"cursor\":\"");
+    if (at == std::string::npos) continue;
+    if (++resumed % 3 != 0) continue;  // every third batch boundary keeps the test quick
+    const std::string token = lines[i].substr(at + 10, lines[i].find('"', at + 10) - at - 10);
+    CliRun rest = Conveyor(args + " --resume " + token);
+    ASSERT_EQ(rest.code, 0) << rest.out;
+    std::string expected;
+    for (size_t j = i + 1; j < lines.size(); ++j) expected += lines[j] + "\n";
+    ASSERT_EQ(rest.out, expected) << "resuming after line " << i;
+  }
+  EXPECT_GT(resumed, 10u);
+}
+
+TEST(Cli, ResumeRefusesAForeignOrCorruptCursor) {
+  CliRun one = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 100");
+  const size_t at = one.out.find("\"cursor\":\"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string token = one.out.substr(at + 10, one.out.find('"', at + 10) - at - 10);
+  CliRun other_dataset = Conveyor("dump " + kExamples + " --dataset sparse --randomize on --minibatch-size 100 --resume " + token);
+  EXPECT_EQ(other_dataset.code, 1);
+  EXPECT_NE(other_dataset.out.find("cursor was made for another dataset"), std::string::npos) << other_dataset.out;
+  CliRun other_config = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 99 --resume " + token);
+  EXPECT_NE(other_config.out.find("cursor was made with another configuration"), std::string::npos) << other_config.out;
+  std::string corrupt = token;
+  corrupt[corrupt.size() / 2] = corrupt[corrupt.size() / 2] == 'A' ? 'B' : 'A';
+  CliRun bad = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 100 --resume " + corrupt);
+  EXPECT_NE(bad.out.find("cursor is not valid"), std::string::npos) << bad.out;
 }
 
 TEST(Cli, BadDataIsFileLineColumn) {

@@ -31,6 +31,21 @@ ParsedChunk MakeChunk() {
   return c;
 }
 
+PieceRef Ref(const ParsedChunk* c, uint32_t slot, uint32_t row) {
+  PieceRef r;
+  r.chunk = c;
+  r.slot = slot;
+  r.row = row;
+  return r;
+}
+
+BatchShape Shape(uint32_t rows, bool frame_mode) {
+  BatchShape s;
+  s.rows = rows;
+  s.frame_mode = frame_mode;
+  return s;
+}
+
 std::vector<StreamConfig> Streams() {
   return {{"d", "d", StreamFormat::kDense, 2, false}, {"s", "s", StreamFormat::kSparse, 10, false}};
 }
@@ -44,12 +59,13 @@ std::vector<T> Read(const std::vector<std::byte>& buf, const ArrayDesc& a) {
 
 TEST(BatchLayout, SequenceModePadsAndAligns) {
   ParsedChunk c = MakeChunk();
-  std::vector<SequenceRef> refs = {{&c, 0}, {&c, 1}};
-  auto plan = PlanBatch(Streams(), Precision::kFloat, /*frame_mode=*/false, refs);
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0), Ref(&c, 1, 1)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(2, false), refs);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->num_sequences, 2u);
   EXPECT_EQ(plan->num_samples, 3u);
-  EXPECT_EQ(plan->keys, (std::vector<uint64_t>{7, 9}));
+  EXPECT_EQ(plan->pieces[0].key, 7u);
+  EXPECT_EQ(plan->pieces[1].key, 9u);
   const StreamLayout& d = plan->streams[0];
   EXPECT_EQ(d.values.shape, (std::vector<uint64_t>{2, 2, 2}));
   const StreamLayout& s = plan->streams[1];
@@ -79,8 +95,8 @@ TEST(BatchLayout, SequenceModePadsAndAligns) {
 
 TEST(BatchLayout, FrameModeHasNoTimeAxis) {
   ParsedChunk c = MakeChunk();
-  std::vector<SequenceRef> refs = {{&c, 1}};
-  auto plan = PlanBatch(Streams(), Precision::kFloat, /*frame_mode=*/true, refs);
+  std::vector<PieceRef> refs = {Ref(&c, 1, 0)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(1, true), refs);
   ASSERT_TRUE(plan.ok());
   EXPECT_FALSE(plan->streams[0].lengths.present());
   EXPECT_EQ(plan->streams[0].values.shape, (std::vector<uint64_t>{1, 2}));
@@ -92,18 +108,47 @@ TEST(BatchLayout, FrameModeHasNoTimeAxis) {
 
 TEST(BatchLayout, FrameModeRefusesLongerSequences) {
   ParsedChunk c = MakeChunk();
-  std::vector<SequenceRef> refs = {{&c, 0}};
-  auto plan = PlanBatch(Streams(), Precision::kFloat, /*frame_mode=*/true, refs);
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(1, true), refs);
   ASSERT_FALSE(plan.ok());
-  EXPECT_NE(plan.status().message().find("frame mode: sequence 7 has 2 samples"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("frame mode: sequence 7 has 2 samples"), std::string::npos) << plan.status();
 }
 
 TEST(BatchLayout, AssemblerRefusesASmallSlot) {
   ParsedChunk c = MakeChunk();
-  std::vector<SequenceRef> refs = {{&c, 0}};
-  auto plan = PlanBatch(Streams(), Precision::kFloat, false, refs);
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(1, false), refs);
   std::vector<std::byte> buf(plan->total_bytes - 1);
   EXPECT_EQ(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(buf)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Truncated BPTT: pieces of sequences at time offsets, with mask and begin/end flags.
+TEST(BatchLayout, TruncatedPiecesFillStepsWithMaskAndFlags) {
+  ParsedChunk c = MakeChunk();
+  // Row 0: the last sample of sequence 0 (continuing), then sequence 1 (begins and ends).
+  PieceRef a = Ref(&c, 0, 0);
+  a.sample_begin = 1;
+  a.sample_count = 1;
+  a.begins = false;
+  PieceRef b = Ref(&c, 1, 0);
+  b.t0 = 1;
+  BatchShape shape;
+  shape.rows = 2;
+  shape.steps = 3;
+  std::vector<PieceRef> refs = {a, b};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, shape, refs);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::byte> buf(plan->total_bytes);
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(buf)).ok());
+  EXPECT_EQ(Read<uint8_t>(buf, plan->mask), (std::vector<uint8_t>{1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(Read<uint8_t>(buf, plan->flags), (std::vector<uint8_t>{2, 3, 0, 0, 0, 0}));
+  const StreamLayout& d = plan->streams[0];
+  EXPECT_EQ(Read<int32_t>(buf, d.lengths), (std::vector<int32_t>{2, 0}));
+  EXPECT_EQ(Read<float>(buf, d.values), (std::vector<float>{3, 4, 5, 6, 0, 0, 0, 0, 0, 0, 0, 0}));
+  const StreamLayout& s = plan->streams[1];
+  // Columns row*3+t: (0,0)=sample 1 of seq 0 (no entries), (0,1)=seq 1 (one entry), rest empty.
+  EXPECT_EQ(Read<int32_t>(buf, s.colptr), (std::vector<int32_t>{0, 0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(Read<int32_t>(buf, s.rowind), (std::vector<int32_t>{4}));
 }
 
 }  // namespace

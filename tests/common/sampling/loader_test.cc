@@ -23,18 +23,18 @@ Index MakeIndex(const std::vector<uint32_t>& lengths, uint64_t chunk_size) {
 }
 
 std::vector<std::vector<uint64_t>> Plan(const Index& index, PlannerOptions o) {
-  auto planner = FileOrderPlanner::Create(&index, o);
+  auto planner = Planner::Create(&index, o);
   EXPECT_TRUE(planner.ok());
   std::vector<std::vector<uint64_t>> out;
-  while (auto b = planner->Next()) {
+  while (auto b = (*planner)->Next()) {
     std::vector<uint64_t> seqs;
-    for (const auto& s : b->sequences) seqs.push_back(index.chunks[s.chunk].first_sequence + s.index_in_chunk);
+    for (const auto& s : b->pieces) seqs.push_back(s.sequence);
     out.push_back(seqs);
   }
   return out;
 }
 
-TEST(FileOrderPlanner, TakesWholeSequencesUpToTheMinibatchSize) {
+TEST(Planner, TakesWholeSequencesUpToTheMinibatchSize) {
   Index index = MakeIndex({3, 2, 4, 1, 5}, 1000);
   PlannerOptions o;
   o.minibatch_size = 5;
@@ -42,14 +42,14 @@ TEST(FileOrderPlanner, TakesWholeSequencesUpToTheMinibatchSize) {
   EXPECT_EQ(Plan(index, o), (std::vector<std::vector<uint64_t>>{{0, 1}, {2, 3}, {4}}));
 }
 
-TEST(FileOrderPlanner, ALongerSequenceGoesAlone) {
+TEST(Planner, ALongerSequenceGoesAlone) {
   Index index = MakeIndex({1, 9, 1}, 1000);
   PlannerOptions o;
   o.minibatch_size = 4;
   EXPECT_EQ(Plan(index, o), (std::vector<std::vector<uint64_t>>{{0}, {1}, {2}}));
 }
 
-TEST(FileOrderPlanner, EpochSizeCutsAcrossSweeps) {
+TEST(Planner, EpochSizeCutsAcrossSweeps) {
   // 5 one-sample sequences; epochs of 3 samples: [0,1,2] [3,4 | 0] [1,2,3] ...
   Index index = MakeIndex({1, 1, 1, 1, 1}, 1000);
   PlannerOptions o;
@@ -60,7 +60,7 @@ TEST(FileOrderPlanner, EpochSizeCutsAcrossSweeps) {
   EXPECT_EQ(Plan(index, o), (std::vector<std::vector<uint64_t>>{{0, 1}, {2}, {3, 4}, {0}, {1, 2}, {3}}));
 }
 
-TEST(FileOrderPlanner, EpochStartsAtTheFirstSequenceAtOrAfterItsOffset) {
+TEST(Planner, EpochStartsAtTheFirstSequenceAtOrAfterItsOffset) {
   // Lengths 2,2,2: epoch size 3 -> epoch 1 starts at sample 3, i.e. sequence 2 (starts at 4).
   Index index = MakeIndex({2, 2, 2}, 1000);
   PlannerOptions o;
@@ -70,11 +70,11 @@ TEST(FileOrderPlanner, EpochStartsAtTheFirstSequenceAtOrAfterItsOffset) {
   EXPECT_EQ(Plan(index, o), (std::vector<std::vector<uint64_t>>{{0, 1}, {2}}));
 }
 
-TEST(FileOrderPlanner, RefusesZeroMinibatch) {
+TEST(Planner, RefusesZeroMinibatch) {
   Index index = MakeIndex({1}, 10);
   PlannerOptions o;
   o.minibatch_size = 0;
-  EXPECT_FALSE(FileOrderPlanner::Create(&index, o).ok());
+  EXPECT_FALSE(Planner::Create(&index, o).ok());
 }
 
 class LoaderTest : public ::testing::Test {
@@ -94,6 +94,8 @@ class LoaderTest : public ::testing::Test {
     LoaderOptions lo;
     lo.planner.minibatch_size = 7;
     lo.planner.epochs = epochs;
+    lo.planner.randomizer.randomize = true;
+    lo.planner.randomizer.window = 3;
     lo.threads = threads;
     auto loader = Loader::Create(ds->get(), cpu.get(), lo);
     EXPECT_TRUE(loader.ok());

@@ -1,0 +1,80 @@
+#include "common/sampling/stream_request.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace conveyor {
+
+std::string ResolvedStream::Encode(const CursorState& after) const {
+  Cursor c = identity;
+  c.state = after;
+  return EncodeCursor(c);
+}
+
+absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const StreamRequest& r) {
+  const DatasetConfig& config = dataset.config();
+  if (r.minibatch_size == 0 || r.minibatch_size > kMaxMinibatchSize) {
+    return absl::InvalidArgumentError(absl::StrCat("minibatch size must be between 1 and ", kMaxMinibatchSize));
+  }
+  if (r.epochs == 0 || r.epochs > kMaxEpochs) return absl::InvalidArgumentError(absl::StrCat("epochs must be between 1 and ", kMaxEpochs));
+  if (r.world && (*r.world == 0 || *r.world > kMaxWorld)) {
+    return absl::InvalidArgumentError(absl::StrCat("world must be between 1 and ", kMaxWorld));
+  }
+  if (r.parallel > kMaxParallel) return absl::InvalidArgumentError(absl::StrCat("parallel must be at most ", kMaxParallel));
+  if (r.epoch_size && *r.epoch_size == 0) return absl::InvalidArgumentError("epoch size must be at least 1 sample");
+
+  ResolvedStream out;
+  PlannerOptions& p = out.loader.planner;
+  p.minibatch_size = r.minibatch_size;
+  p.epochs = r.epochs;
+  p.epoch_size = r.epoch_size ? r.epoch_size : config.epoch_size;
+  RandomizerOptions& rz = p.randomizer;
+  rz.randomize = r.randomize.value_or(config.randomize);
+  rz.seed = r.seed.value_or(config.randomization_seed);
+  rz.sample_window = config.sample_based_randomization_window;
+  rz.window = config.randomization_window.value_or(DefaultRandomizationWindow(
+      dataset.index(), config.deserializers.empty() ? (32ull << 20) : config.deserializers[0].chunk_size_in_bytes,
+      rz.sample_window));
+  rz.frame_mode = r.frame_mode.value_or(config.frame_mode);
+  p.truncation = r.truncation > 0 ? r.truncation
+                                  : (config.truncated ? static_cast<uint32_t>(config.truncation_length) : 0);
+  p.parallel = r.parallel;
+  if (p.truncation > 0 && rz.frame_mode) {
+    return absl::InvalidArgumentError("frame mode and truncated BPTT cannot be combined (CNTK refuses it too)");
+  }
+  p.world = r.world.value_or(1);
+  p.rank = r.rank.value_or(0);
+  out.loader.threads = r.threads;
+  out.identity.data_hash = IndexHash(dataset.index());
+
+  if (!r.resume.empty()) {
+    ASSIGN_OR_RETURN(Cursor c, DecodeCursor(r.resume));
+    if (c.data_hash != out.identity.data_hash) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cursor was made for another dataset (or another version of ", dataset.path(), ")"));
+    }
+    if (r.seed && *r.seed != c.seed) {
+      return absl::InvalidArgumentError(absl::StrCat("cursor was made with seed ", c.seed, ", not ", *r.seed));
+    }
+    rz.seed = c.seed;
+    if (!r.world) {
+      p.world = c.world;
+      p.rank = r.rank.value_or(c.rank);
+    }
+    out.loader.resume = c.state;
+    out.identity.config_hash = StreamConfigHash(config, p);
+    if (c.config_hash != out.identity.config_hash) {
+      return absl::InvalidArgumentError(
+          "cursor was made with another configuration (minibatch size, epoch size, randomization, frame mode, "
+          "truncation or streams differ): resume with the options that produced it");
+    }
+  }
+  if (p.rank >= p.world) return absl::InvalidArgumentError(absl::StrCat("rank ", p.rank, " is not below world ", p.world));
+  out.identity.config_hash = StreamConfigHash(config, p);
+  out.identity.seed = rz.seed;
+  out.identity.rank = p.rank;
+  out.identity.world = p.world;
+  return out;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,51 @@
+// stream_request.h: turns what a reader asks for (CLI flags today, a subscription
+// tomorrow) plus the dataset's configuration into loader options, and checks a resume
+// cursor against them. Flags override the configuration; a cursor fixes the seed, and its
+// rank/world unless the request names a world (an elastic resume: the rest of the epoch is
+// re-partitioned over the new world, every remaining unit delivered exactly once).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/dataset/dataset.h"
+#include "common/sampling/cursor.h"
+#include "common/sampling/loader.h"
+
+namespace conveyor {
+
+struct StreamRequest {
+  std::optional<bool> randomize;
+  std::optional<uint64_t> seed;
+  uint64_t minibatch_size = 256;
+  uint64_t epochs = 1;
+  std::optional<uint64_t> epoch_size;
+  std::optional<uint32_t> rank;
+  std::optional<uint32_t> world;
+  std::optional<bool> frame_mode;
+  uint32_t truncation = 0;  // 0: the configuration's (truncated + truncationLength)
+  uint32_t parallel = 0;
+  std::string resume;       // a cursor token, or empty
+  int threads = 1;
+};
+
+// Limits on what a request may ask for.
+inline constexpr uint64_t kMaxMinibatchSize = 1ull << 24;
+inline constexpr uint64_t kMaxEpochs = 1ull << 32;
+inline constexpr uint32_t kMaxWorld = 1u << 16;
+inline constexpr uint32_t kMaxParallel = 1u << 16;
+
+struct ResolvedStream {
+  LoaderOptions loader;
+  Cursor identity;  // data/config hashes, seed, rank, world: what cursors of this stream carry
+  std::string Encode(const CursorState& after) const;
+};
+
+// Errors: InvalidArgument for out-of-range values, contradictions (frame mode with
+// truncation, rank >= world), a corrupt cursor, or a cursor made for another dataset,
+// configuration or seed.
+absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const StreamRequest& request);
+
+}  // namespace conveyor
