@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -80,6 +81,15 @@ void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {
   const uint64_t begin = offset / page * page;
   const uint64_t end = std::min<uint64_t>(size_, offset + length);
   ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_WILLNEED);
+}
+
+void MappedFile::DontNeed(uint64_t offset, uint64_t length) const {
+  if (size_ == 0 || offset >= size_) return;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages inside the range only: a neighbouring chunk may share the edge pages.
+  const uint64_t begin = (offset + page - 1) / page * page;
+  const uint64_t end = std::min<uint64_t>(size_, offset + length) / page * page;
+  if (end > begin) ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 }  // namespace conveyor

@@ -37,6 +37,9 @@ class MappedFile {
 
   // Tells the kernel the range [offset, offset+length) will be read soon (readahead).
   void WillNeed(uint64_t offset, uint64_t length) const;
+  // Drops the range's pages from this mapping (they stay in the page cache): after a chunk
+  // is parsed its text is not needed, and the process's RSS stays bounded by the window.
+  void DontNeed(uint64_t offset, uint64_t length) const;
 
  private:
   MappedFile(std::string path, const char* data, size_t size, FileStamp stamp)

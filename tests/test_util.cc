@@ -46,7 +46,8 @@ std::string ReadFile(const std::string& path) {
 
 DatasetConfig CtfDataset(const std::string& file, const std::string& input_yaml,
                          const std::string& extra_yaml) {
-  std::string yaml = absl::StrCat("datasets:\n  d:\n    randomize: false\n");
+  std::string yaml = "datasets:\n  d:\n";
+  if (extra_yaml.find("randomize:") == std::string::npos) yaml += "    randomize: false\n";
   if (!extra_yaml.empty()) absl::StrAppend(&yaml, "    ", extra_yaml, "\n");
   absl::StrAppend(&yaml, "    deserializers:\n      - type: CNTKTextFormat\n        file: ", file,
                   "\n        input: ", input_yaml, "\n");

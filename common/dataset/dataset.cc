@@ -106,4 +106,9 @@ void Dataset::WillNeed(uint64_t chunk_id) const {
   file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset);
 }
 
+void Dataset::DoneWith(uint64_t chunk_id) const {
+  const ChunkEntry& c = index_.chunks[chunk_id];
+  file_->DontNeed(c.begin_offset, c.end_offset - c.begin_offset);
+}
+
 }  // namespace conveyor

@@ -59,6 +59,7 @@ void ChunkPipeline::Worker() {
     dataset_->WillNeed(chunk);
     const auto t0 = std::chrono::steady_clock::now();
     auto parsed = dataset_->ParseChunk(chunk);
+    dataset_->DoneWith(chunk);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     parse_seconds_ += secs;

@@ -11,8 +11,8 @@ bool CursorState::operator==(const CursorState& o) const {
       offset != o.offset || sample_in_sweep != o.sample_in_sweep || slots.size() != o.slots.size())
     return false;
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].active != o.slots[i].active || slots[i].sequence != o.slots[i].sequence ||
-        slots[i].offset != o.slots[i].offset)
+    if (slots[i].active != o.slots[i].active) return false;
+    if (slots[i].active && (slots[i].sequence != o.slots[i].sequence || slots[i].offset != o.slots[i].offset))
       return false;
   }
   return true;
@@ -229,7 +229,7 @@ std::optional<PlannedBatch> Planner::NextTruncated() {
       any = true;
       t += take;
       slot.offset += take;
-      if (slot.offset == len) slot.active = false;
+      if (slot.offset == len) slot = CursorState::Slot();
     }
   }
   b.rows = options_.rank < slots_ ? (slots_ - 1 - options_.rank) / options_.world + 1 : 0;

@@ -1,0 +1,417 @@
+// Property tests of the delivery order over generated indexes and many seeds: exactly once
+// per epoch, determinism, windows, ranks, resume from every boundary, elastic resume,
+// frame mode and truncated BPTT. Planner-level: no parsing, so thousands of cases run fast.
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/sampling/cursor.h"
+#include "common/sampling/planner.h"
+#include "common/sampling/sweep_order.h"
+#include "gtest/gtest.h"
+
+namespace conveyor {
+namespace {
+
+// `n` sequences with lengths 1..max_len, chunks of about `per_chunk` sequences.
+Index MakeIndex(uint64_t n, uint32_t max_len, uint64_t per_chunk, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Index index;
+  uint64_t offset = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint32_t len = 1 + static_cast<uint32_t>(rng() % max_len);
+    index.sequences.push_back({i, offset, i, 100, len});
+    offset += 100;
+  }
+  index.BuildChunks(per_chunk * 100);
+  return index;
+}
+
+struct Delivered {
+  uint64_t epoch, batch;
+  uint64_t sequence;
+  uint32_t frame, sample_begin, sample_count;
+  uint32_t chunk;
+};
+
+std::vector<Delivered> RunPlanner(Planner* p, std::vector<PlannedBatch>* batches = nullptr) {
+  std::vector<Delivered> out;
+  while (auto b = p->Next()) {
+    for (const Piece& piece : b->pieces)
+      out.push_back({b->epoch, b->batch, piece.sequence, piece.frame, piece.sample_begin, piece.sample_count, piece.chunk});
+    if (batches) batches->push_back(std::move(*b));
+  }
+  return out;
+}
+
+PlannerOptions Randomized(uint64_t seed, uint64_t window, uint64_t mb = 17) {
+  PlannerOptions o;
+  o.minibatch_size = mb;
+  o.randomizer.randomize = true;
+  o.randomizer.seed = seed;
+  o.randomizer.window = window;
+  return o;
+}
+
+std::vector<uint64_t> Sequences(const std::vector<Delivered>& d, uint64_t epoch) {
+  std::vector<uint64_t> out;
+  for (const auto& x : d)
+    if (x.epoch == epoch) out.push_back(x.sequence);
+  return out;
+}
+
+TEST(Randomizer, EachEpochDeliversEverySequenceExactlyOnce) {
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    Index index = MakeIndex(200 + seed * 7, 5, 1 + seed % 9, seed);
+    PlannerOptions o = Randomized(seed, 1 + seed % 6);
+    o.epochs = 3;
+    auto p = Planner::Create(&index, o);
+    ASSERT_TRUE(p.ok());
+    auto d = RunPlanner(p->get());
+    for (uint64_t e = 0; e < 3; ++e) {
+      std::vector<uint64_t> s = Sequences(d, e);
+      std::sort(s.begin(), s.end());
+      ASSERT_EQ(s.size(), index.sequences.size()) << "seed " << seed << " epoch " << e;
+      for (uint64_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], i);
+    }
+  }
+}
+
+TEST(Randomizer, SameSeedSameOrderDifferentSeedDifferentOrder) {
+  Index index = MakeIndex(500, 3, 10, 1);
+  auto order = [&](uint64_t seed) {
+    auto p = Planner::Create(&index, Randomized(seed, 8));
+    return Sequences(RunPlanner(p->get()), 0);
+  };
+  EXPECT_EQ(order(7), order(7));
+  EXPECT_NE(order(7), order(8));
+  std::vector<uint64_t> file(500);
+  for (uint64_t i = 0; i < 500; ++i) file[i] = i;
+  EXPECT_NE(order(7), file);
+}
+
+TEST(Randomizer, SweepKUsesSeedPlusK) {
+  // CNTK's test_random_seed: seed 0 sweep 1 equals seed 1 sweep 0.
+  Index index = MakeIndex(300, 2, 7, 3);
+  PlannerOptions a = Randomized(0, 5);
+  a.epochs = 2;
+  auto pa = Planner::Create(&index, a);
+  auto b = Planner::Create(&index, Randomized(1, 5));
+  EXPECT_EQ(Sequences(RunPlanner(pa->get()), 1), Sequences(RunPlanner(b->get()), 0));
+}
+
+TEST(Randomizer, ChunkShuffleIsCntksRandomShuffleMT) {
+  // for i: swap(v[i], v[rng() % n]) with mt19937_64(seed + sweep): computed independently here.
+  Index index = MakeIndex(100, 1, 10, 0);  // 10 chunks
+  RandomizerOptions o;
+  o.randomize = true;
+  o.seed = 11;
+  o.window = 2;
+  SweepOrder order(&index, o, 3);
+  std::vector<uint32_t> expected(10);
+  for (uint32_t i = 0; i < 10; ++i) expected[i] = i;
+  std::mt19937_64 rng(14);
+  for (uint32_t i = 0; i < 10; ++i) std::swap(expected[i], expected[rng() % 10]);
+  for (uint32_t i = 0; i < 10; ++i) EXPECT_EQ(order.chunk_at(i), expected[i]);
+}
+
+TEST(Randomizer, SequencesNeverLeaveTheirWindow) {
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    const uint64_t window = 1 + seed % 5;
+    Index index = MakeIndex(400, 4, 1 + seed % 7, seed);
+    RandomizerOptions ro;
+    ro.randomize = true;
+    ro.seed = seed;
+    ro.window = window;
+    SweepOrder order(&index, ro, 0);
+    // A unit of randomized position a is never delivered after one of position >= a + W.
+    uint64_t max_pos = 0;
+    bool any = false;
+    std::set<uint64_t> positions_seen;
+    for (uint64_t s = 0; s < order.num_segments(); ++s) {
+      for (const Unit& u : order.Segment(s)) {
+        if (any) {
+          ASSERT_LT(max_pos, u.position + window) << "seed " << seed;
+        }
+        max_pos = std::max<uint64_t>(max_pos, u.position);
+        any = true;
+        // ... and only lands in segments [position, position + W).
+        ASSERT_GE(s, u.position);
+        ASSERT_LT(s, std::max<uint64_t>(u.position + window, order.num_segments()));
+      }
+    }
+  }
+}
+
+TEST(Randomizer, WindowOfOneKeepsChunksTogether) {
+  Index index = MakeIndex(100, 2, 10, 2);
+  RandomizerOptions ro;
+  ro.randomize = true;
+  ro.seed = 4;
+  ro.window = 1;
+  SweepOrder order(&index, ro, 0);
+  for (uint64_t s = 0; s < order.num_segments(); ++s) {
+    std::set<uint32_t> chunks;
+    for (const Unit& u : order.Segment(s)) chunks.insert(u.chunk);
+    EXPECT_EQ(chunks.size(), 1u);
+    EXPECT_EQ(*chunks.begin(), order.chunk_at(s));
+  }
+}
+
+TEST(Randomizer, SampleBasedWindowKeepsUnitsWithinRSamples) {
+  Index index = MakeIndex(300, 6, 5, 9);
+  RandomizerOptions ro;
+  ro.randomize = true;
+  ro.seed = 2;
+  ro.sample_window = true;
+  ro.window = 40;
+  SweepOrder order(&index, ro, 0);
+  std::vector<uint64_t> base(order.num_segments() + 1, 0);
+  for (uint64_t i = 0; i < order.num_segments(); ++i) base[i + 1] = base[i] + index.chunks[order.chunk_at(i)].num_samples;
+  uint64_t count = 0;
+  for (uint64_t s = 0; s < order.num_segments(); ++s) {
+    for (const Unit& u : order.Segment(s)) {
+      ++count;
+      // Delivered in a segment whose start lies within R samples after its chunk's start.
+      ASSERT_LT(base[s], base[u.position] + 40);
+    }
+  }
+  EXPECT_EQ(count, 300u);
+}
+
+TEST(Randomizer, SeekToAnySegmentGivesTheSameUnits) {
+  Index index = MakeIndex(300, 3, 4, 5);
+  RandomizerOptions ro;
+  ro.randomize = true;
+  ro.seed = 8;
+  ro.window = 6;
+  SweepOrder full(&index, ro, 2);
+  std::vector<std::vector<uint64_t>> segments;
+  for (uint64_t s = 0; s < full.num_segments(); ++s) {
+    std::vector<uint64_t> seqs;
+    for (const Unit& u : full.Segment(s)) seqs.push_back(u.sequence);
+    segments.push_back(seqs);
+  }
+  for (uint64_t start = 0; start < full.num_segments(); ++start) {
+    SweepOrder seek(&index, ro, 2);
+    for (uint64_t s = start; s < full.num_segments(); ++s) {
+      std::vector<uint64_t> seqs;
+      for (const Unit& u : seek.Segment(s)) seqs.push_back(u.sequence);
+      ASSERT_EQ(seqs, segments[s]) << "start " << start << " segment " << s;
+    }
+  }
+}
+
+TEST(Distributed, RanksAreDisjointCompleteAndEquallyLong) {
+  for (uint32_t world : {1u, 2u, 3u, 5u, 8u, 40u}) {  // 40 > the chunk count
+    Index index = MakeIndex(250, 4, 13, world);
+    std::vector<uint64_t> all;
+    std::vector<size_t> batch_counts;
+    std::vector<std::vector<uint64_t>> global_sizes(world);
+    for (uint32_t r = 0; r < world; ++r) {
+      PlannerOptions o = Randomized(3, 4, 40);
+      o.epochs = 2;
+      o.rank = r;
+      o.world = world;
+      auto p = Planner::Create(&index, o);
+      ASSERT_TRUE(p.ok());
+      std::vector<PlannedBatch> batches;
+      auto d = RunPlanner(p->get(), &batches);
+      batch_counts.push_back(batches.size());
+      for (const auto& b : batches) global_sizes[r].push_back(b.global_samples);
+      for (const auto& x : d)
+        if (x.epoch == 1) all.push_back(x.sequence);
+    }
+    for (uint32_t r = 1; r < world; ++r) {
+      EXPECT_EQ(batch_counts[r], batch_counts[0]) << "world " << world;
+      EXPECT_EQ(global_sizes[r], global_sizes[0]) << "all ranks walk one timeline";
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), 250u) << "world " << world;
+    for (uint64_t i = 0; i < 250; ++i) ASSERT_EQ(all[i], i);
+  }
+}
+
+// Resuming from the cursor after every batch boundary gives exactly the remainder.
+void CheckResumeEverywhere(const Index& index, const PlannerOptions& o) {
+  auto p = Planner::Create(&index, o);
+  ASSERT_TRUE(p.ok());
+  std::vector<PlannedBatch> batches;
+  RunPlanner(p->get(), &batches);
+  for (size_t k = 0; k < batches.size(); ++k) {
+    Cursor c;
+    c.state = batches[k].after;
+    auto decoded = DecodeCursor(EncodeCursor(c));
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ASSERT_TRUE(decoded->state == batches[k].after);
+    auto q = Planner::Create(&index, o);
+    auto seek_status = (*q)->Seek(decoded->state);
+    ASSERT_TRUE(seek_status.ok()) << seek_status << " after batch " << k;
+    for (size_t j = k + 1; j < batches.size(); ++j) {
+      auto b = (*q)->Next();
+      ASSERT_TRUE(b.has_value()) << "resume after " << k << " ended early at " << j;
+      ASSERT_EQ(b->epoch, batches[j].epoch);
+      ASSERT_EQ(b->batch, batches[j].batch);
+      ASSERT_EQ(b->pieces.size(), batches[j].pieces.size());
+      for (size_t i = 0; i < b->pieces.size(); ++i) {
+        ASSERT_EQ(b->pieces[i].sequence, batches[j].pieces[i].sequence);
+        ASSERT_EQ(b->pieces[i].sample_begin, batches[j].pieces[i].sample_begin);
+        ASSERT_EQ(b->pieces[i].row, batches[j].pieces[i].row);
+      }
+      ASSERT_TRUE(b->after == batches[j].after);
+    }
+    ASSERT_FALSE((*q)->Next().has_value());
+  }
+}
+
+TEST(Resume, FromEveryBatchBoundaryRandomized) {
+  Index index = MakeIndex(120, 4, 9, 1);
+  PlannerOptions o = Randomized(5, 3, 11);
+  o.epochs = 3;
+  o.epoch_size = 170;  // epochs cut across sweeps
+  CheckResumeEverywhere(index, o);
+}
+
+TEST(Resume, FromEveryBatchBoundaryFileOrderRankedFrameMode) {
+  Index index = MakeIndex(60, 4, 5, 2);
+  PlannerOptions o;
+  o.minibatch_size = 7;
+  o.epochs = 2;
+  o.rank = 1;
+  o.world = 3;
+  o.randomizer.frame_mode = true;
+  CheckResumeEverywhere(index, o);
+}
+
+TEST(Resume, FromEveryBatchBoundaryTruncated) {
+  Index index = MakeIndex(50, 9, 4, 3);
+  PlannerOptions o = Randomized(1, 2, 12);
+  o.truncation = 4;
+  o.parallel = 3;
+  o.epochs = 2;
+  CheckResumeEverywhere(index, o);
+}
+
+TEST(Resume, ElasticResumeDeliversTheRemainderExactlyOnce) {
+  Index index = MakeIndex(300, 3, 7, 4);
+  for (uint32_t new_world : {1u, 3u, 4u}) {
+    for (size_t stop : {0u, 3u, 10u}) {
+      std::multiset<uint64_t> delivered;
+      CursorState at;
+      for (uint32_t r = 0; r < 2; ++r) {  // old world 2 reads `stop` + 1 batches
+        PlannerOptions o = Randomized(6, 5, 50);
+        o.rank = r;
+        o.world = 2;
+        auto p = Planner::Create(&index, o);
+        for (size_t k = 0; k <= stop; ++k) {
+          auto b = (*p)->Next();
+          ASSERT_TRUE(b.has_value());
+          for (const Piece& piece : b->pieces) delivered.insert(piece.sequence);
+          at = b->after;
+        }
+      }
+      for (uint32_t r = 0; r < new_world; ++r) {
+        PlannerOptions o = Randomized(6, 5, 50);
+        o.rank = r;
+        o.world = new_world;
+        auto p = Planner::Create(&index, o);
+        ASSERT_TRUE((*p)->Seek(at).ok());
+        for (const auto& d : RunPlanner(p->get())) delivered.insert(d.sequence);
+      }
+      ASSERT_EQ(delivered.size(), 300u) << "new world " << new_world << " stop " << stop;
+      for (uint64_t i = 0; i < 300; ++i) ASSERT_EQ(delivered.count(i), 1u) << i;
+    }
+  }
+}
+
+TEST(FrameMode, EverySampleOnceRandomizedAcrossSequences) {
+  Index index = MakeIndex(80, 6, 5, 7);
+  PlannerOptions o = Randomized(2, 4, 16);
+  o.randomizer.frame_mode = true;
+  auto p = Planner::Create(&index, o);
+  auto d = RunPlanner(p->get());
+  std::set<std::pair<uint64_t, uint32_t>> frames;
+  bool interleaved = false;
+  for (size_t i = 0; i < d.size(); ++i) {
+    EXPECT_EQ(d[i].sample_count, 1u);
+    frames.insert({d[i].sequence, d[i].frame});
+    if (i > 0 && d[i].sequence != d[i - 1].sequence && i + 1 < d.size() && d[i + 1].sequence == d[i - 1].sequence)
+      interleaved = true;
+  }
+  EXPECT_EQ(frames.size(), index.total_samples);
+  EXPECT_EQ(d.size(), index.total_samples);
+  EXPECT_TRUE(interleaved) << "frames of one sequence should mix with others";
+}
+
+TEST(Truncated, SlotsCarrySequencesContiguouslyAcrossMinibatches) {
+  Index index = MakeIndex(40, 9, 4, 8);
+  PlannerOptions o = Randomized(3, 2, 12);
+  o.truncation = 5;
+  o.parallel = 3;
+  auto p = Planner::Create(&index, o);
+  std::vector<PlannedBatch> batches;
+  RunPlanner(p->get(), &batches);
+  std::map<uint64_t, uint32_t> next_sample;  // sequence -> next expected sample
+  std::map<uint64_t, uint32_t> slot_of;
+  for (const auto& b : batches) {
+    EXPECT_EQ(b.steps, 5u);
+    EXPECT_EQ(b.rows, 3u);
+    for (const Piece& piece : b.pieces) {
+      EXPECT_LE(piece.t0 + piece.sample_count, 5u);
+      EXPECT_EQ(piece.sample_begin, next_sample[piece.sequence]);
+      EXPECT_EQ(piece.begins, piece.sample_begin == 0);
+      if (slot_of.count(piece.sequence)) {
+        EXPECT_EQ(slot_of[piece.sequence], piece.row);
+      }
+      slot_of[piece.sequence] = piece.row;
+      next_sample[piece.sequence] += piece.sample_count;
+      EXPECT_EQ(piece.ends, next_sample[piece.sequence] == index.sequences[piece.sequence].num_samples);
+    }
+  }
+  ASSERT_EQ(next_sample.size(), 40u);
+  for (const auto& [seq, n] : next_sample) EXPECT_EQ(n, index.sequences[seq].num_samples);
+}
+
+TEST(Planner, RefusesFrameModeWithTruncationAndBadRanks) {
+  Index index = MakeIndex(10, 2, 2, 0);
+  PlannerOptions o;
+  o.randomizer.frame_mode = true;
+  o.truncation = 3;
+  EXPECT_FALSE(Planner::Create(&index, o).ok());
+  PlannerOptions r;
+  r.rank = 2;
+  r.world = 2;
+  EXPECT_FALSE(Planner::Create(&index, r).ok());
+}
+
+TEST(Cursor, RefusesCorruptAndForeignTokens) {
+  Cursor c;
+  c.data_hash = 1;
+  c.config_hash = 2;
+  c.seed = 3;
+  c.world = 4;
+  c.rank = 2;
+  c.state.epoch = 5;
+  c.state.slots.resize(2);
+  c.state.slots[1].active = true;
+  c.state.slots[1].sequence = 9;
+  c.state.slots[1].offset = 4;
+  const std::string token = EncodeCursor(c);
+  auto ok = DecodeCursor(token);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->state == c.state);
+  EXPECT_EQ(ok->rank, 2u);
+  for (size_t i = 4; i < token.size(); ++i) {
+    std::string t = token;
+    t[i] = t[i] == 'x' ? 'y' : 'x';
+    EXPECT_FALSE(DecodeCursor(t).ok()) << i;
+  }
+  EXPECT_FALSE(DecodeCursor(token.substr(0, token.size() - 3)).ok());
+  EXPECT_FALSE(DecodeCursor("hello").ok());
+  EXPECT_FALSE(DecodeCursor("cv2.AAAA").ok());
+}
+
+}  // namespace
+}  // namespace conveyor
