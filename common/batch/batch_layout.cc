@@ -73,6 +73,9 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
   for (size_t s = 0; s < streams.size(); ++s)
     if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
   plan.pieces.resize(pieces.size());
+  const size_t ns = streams.size();
+  plan.num_streams = ns;
+  plan.counts.resize(pieces.size() * ns);
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceRef& p = pieces[i];
     if (p.row >= n) return absl::InternalError("piece row outside the batch");
@@ -83,29 +86,30 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     pp.t0 = p.t0;
     pp.sample_begin = p.sample_begin;
     pp.truncated = bptt;
-    pp.counts.resize(streams.size());
+    uint32_t* counts = plan.counts.data() + i * ns;
     uint32_t longest = 0;
-    for (size_t s = 0; s < streams.size(); ++s) {
+    for (size_t s = 0; s < ns; ++s) {
       uint64_t b;
-      pp.counts[s] = PieceSamples(p, s, &b);
-      longest = std::max(longest, pp.counts[s]);
-      if (shape.frame_mode && pp.counts[s] > 1) {
+      counts[s] = PieceSamples(p, s, &b);
+      longest = std::max(longest, counts[s]);
+      if (shape.frame_mode && counts[s] > 1) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "frame mode: sequence ", pp.key, " has ", pp.counts[s], " samples of input '", streams[s].name,
+            "frame mode: sequence ", pp.key, " has ", counts[s], " samples of input '", streams[s].name,
             "' in one frame; expected one sample per frame"));
       }
-      if (bptt && p.t0 + pp.counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
+      if (bptt && p.t0 + counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
     }
+    pp.longest = longest;
     if (bptt) {
-      for (size_t s = 0; s < streams.size(); ++s) {
-        if (pp.counts[s] != longest) {
+      for (size_t s = 0; s < ns; ++s) {
+        if (counts[s] != longest) {
           return absl::InvalidArgumentError(absl::StrCat(
               "truncated BPTT: sequence ", pp.key, " has streams of different lengths; every input of a "
               "sequence must have the same number of samples"));
         }
       }
     }
-    plan.num_samples += main_stream >= 0 ? pp.counts[main_stream] : longest;
+    plan.num_samples += main_stream >= 0 ? counts[main_stream] : longest;
   }
   const DType value_type = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
   uint64_t cursor = 0;
@@ -120,7 +124,7 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     L.dim = static_cast<uint32_t>(streams[s].dim);
     L.sequence_axis = !shape.frame_mode;
     for (size_t i = 0; i < pieces.size(); ++i) {
-      const uint32_t c = plan.pieces[i].counts[s];
+      const uint32_t c = plan.count(i, s);
       L.max_length = std::max<uint64_t>(L.max_length, pieces[i].t0 + c);
       L.num_samples += c;
       if (L.format == StreamFormat::kSparse && c > 0) {

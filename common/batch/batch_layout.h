@@ -77,7 +77,7 @@ struct PlacedPiece {
   int64_t frame = -1;
   uint32_t row = 0, t0 = 0, sample_begin = 0;
   bool truncated = false;
-  std::vector<uint32_t> counts;  // per stream: samples written
+  uint32_t longest = 0;  // samples of its longest stream
 };
 
 struct BatchPlan {
@@ -89,6 +89,9 @@ struct BatchPlan {
   ArrayDesc mask, flags;       // truncated BPTT only
   std::vector<StreamLayout> streams;
   std::vector<PlacedPiece> pieces;
+  size_t num_streams = 0;
+  std::vector<uint32_t> counts;  // [piece][stream]: samples written
+  uint32_t count(size_t piece, size_t stream) const { return counts[piece * num_streams + stream]; }
 };
 
 // Plans the batch of `pieces` (all from chunks parsed with `streams` and `precision`).

@@ -29,7 +29,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
     auto* lengths = reinterpret_cast<int32_t*>(dst + L.lengths.offset);
     std::memset(lengths, 0, rows * sizeof(int32_t));
     for (size_t i = 0; i < pieces.size(); ++i) {
-      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.pieces[i].counts[s]);
+      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
       lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
     }
   }
@@ -111,8 +111,7 @@ class CpuAssembler final : public BatchAssembler {
       std::memset(mask, 0, plan.mask.bytes);
       std::memset(flags, 0, plan.flags.bytes);
       for (size_t i = 0; i < pieces.size(); ++i) {
-        uint32_t c = 0;
-        for (uint32_t v : plan.pieces[i].counts) c = std::max(c, v);
+        const uint32_t c = plan.pieces[i].longest;
         const uint64_t at = pieces[i].row * T + pieces[i].t0;
         std::memset(mask + at, 1, c);
         if (c > 0 && pieces[i].begins) flags[at] |= 1;

@@ -39,10 +39,9 @@ int64_t LoadIndex(const ArrayDesc& a, const std::byte* base, uint64_t i) {
 }
 
 template <typename T>
-void AppendStream(const StreamLayout& L, const PlacedPiece& p, size_t s, const std::byte* base,
+void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, const std::byte* base,
                   std::string* out) {
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
-  const uint32_t count = p.counts[s];
   const T* values = reinterpret_cast<const T*>(base + L.values.offset);
   if (L.format == StreamFormat::kDense) {
     out->append("{\"dense\":[");
@@ -116,9 +115,9 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
       }
       out->append("\":");
       if (plan.precision == Precision::kFloat) {
-        AppendStream<float>(plan.streams[s], p, s, base, out);
+        AppendStream<float>(plan.streams[s], p, plan.count(order[n], s), base, out);
       } else {
-        AppendStream<double>(plan.streams[s], p, s, base, out);
+        AppendStream<double>(plan.streams[s], p, plan.count(order[n], s), base, out);
       }
     }
     out->push_back('}');

@@ -8,12 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/hash.h"
 
 namespace conveyor {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'V', 'Y', 'I', 'D', 'X', '\0', '\1'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 struct Header {
   char magic[8];
@@ -30,16 +31,6 @@ struct Header {
 static_assert(sizeof(Header) == 64, "cache header layout");
 
 }  // namespace
-
-uint64_t Fnv1a64(const void* data, size_t size, uint64_t seed) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed;
-  for (size_t i = 0; i < size; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 std::string IndexCachePath(const std::string& data_path, uint64_t config_hash) {
   return absl::StrFormat("%s.%08x.cvyidx", data_path, static_cast<uint32_t>(config_hash));
@@ -65,11 +56,12 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
     return absl::PermissionDeniedError(
         absl::StrCat(tmp, ": cannot write the index cache: ", std::strerror(errno)));
   }
-  uint64_t sum = 0xcbf29ce484222325ull;
+  // The checksum chains Hash64 over the parts, as ReadIndexCache recomputes it.
+  uint64_t sum = 0;
   bool ok = true;
   auto put = [&](const void* p, size_t n) {
     if (n == 0) return;
-    sum = Fnv1a64(p, n, sum);
+    sum = Hash64(p, n, sum);
     ok = ok && std::fwrite(p, 1, n, f) == n;
   };
   put(&h, sizeof(h));
@@ -112,7 +104,12 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   }
   uint64_t stored_sum;
   std::memcpy(&stored_sum, b.data() + b.size() - sizeof(uint64_t), sizeof(uint64_t));
-  if (Fnv1a64(b.data(), b.size() - sizeof(uint64_t)) != stored_sum) return corrupt("checksum mismatch");
+  uint64_t sum = Hash64(b.data(), sizeof(Header), 0);
+  if (h.kept_lines > 0) sum = Hash64(b.data() + sizeof(Header), h.kept_lines * sizeof(IndexError), sum);
+  if (h.num_sequences > 0) {
+    sum = Hash64(b.data() + sizeof(Header) + h.kept_lines * sizeof(IndexError), h.num_sequences * sizeof(SequenceEntry), sum);
+  }
+  if (sum != stored_sum) return corrupt("checksum mismatch");
   if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
     return absl::FailedPreconditionError(
         absl::StrCat(cache_path, ": stale index cache (the data file changed)"));

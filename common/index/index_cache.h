@@ -6,7 +6,7 @@
 // Layout (little-endian): "CVYIDX\0\1" magic, u32 version, u32 flags (bit 0: keys are line
 // numbers), u64 data size, i64 data mtime (ns), u64 config hash, u64 sequence count,
 // u64 error count, u32 kept errors, u32 zero, IndexError[kept], SequenceEntry[count],
-// u64 FNV-1a checksum of everything before it.
+// u64 checksum (Hash64 chained over the header, the errors and the records).
 #pragma once
 
 #include <cstdint>
@@ -34,8 +34,5 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
 absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_path,
                                                     const FileStamp& data_stamp,
                                                     uint64_t config_hash);
-
-// 64-bit FNV-1a, used for the checksum and for configuration hashes.
-uint64_t Fnv1a64(const void* data, size_t size, uint64_t seed = 0xcbf29ce484222325ull);
 
 }  // namespace conveyor

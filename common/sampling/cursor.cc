@@ -1,6 +1,7 @@
 #include "common/sampling/cursor.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 
 namespace conveyor {
 namespace {
@@ -9,15 +10,9 @@ constexpr uint64_t kVersion = 1;
 constexpr std::string_view kPrefix = "cv1.";
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-// A fast 64-bit mix over words (MurmurHash3's finalizer per word).
 struct Hasher {
   uint64_t h = 0x9e3779b97f4a7c15ull;
-  void Add(uint64_t v) {
-    v *= 0xff51afd7ed558ccdull;
-    v ^= v >> 33;
-    h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 29;
-  }
+  void Add(uint64_t v) { h = Mix64(h, v); }
   void Add(std::string_view s) {
     Add(s.size());
     for (char c : s) Add(static_cast<unsigned char>(c));
@@ -53,16 +48,10 @@ uint32_t Check(std::string_view bytes) {
 }  // namespace
 
 uint64_t IndexHash(const Index& index) {
-  Hasher h;
-  h.Add(index.sequences.size());
-  for (const SequenceEntry& s : index.sequences) {
-    h.Add(s.key);
-    h.Add(s.offset);
-    h.Add((static_cast<uint64_t>(s.size) << 32) | s.num_samples);
-  }
-  h.Add(index.chunks.size());
-  for (const ChunkEntry& c : index.chunks) h.Add(c.num_sequences);
-  return h.h;
+  // Every field of every record: key, offset, line, size, samples.
+  uint64_t h = Hash64(index.sequences.data(), index.sequences.size() * sizeof(SequenceEntry));
+  for (const ChunkEntry& c : index.chunks) h = Mix64(h, c.num_sequences);
+  return h;
 }
 
 uint64_t StreamConfigHash(const DatasetConfig& dataset, const PlannerOptions& o) {

@@ -39,7 +39,40 @@ void Loader::Unref(uint64_t ticket) {
   if ((it == ticket_refs_.end() || it->second == 0) && closed_.count(ticket)) {
     closed_.erase(ticket);
     ticket_refs_.erase(ticket);
+    if (fetched_.erase(ticket) == 0 && scheduled_ahead_ > 0) --scheduled_ahead_;  // never used
     pipeline_->Release(ticket);
+  }
+}
+
+void Loader::PrefetchAhead() {
+  // Truncated BPTT assigns sequences to slots, not chunks to ranks: it reads on demand.
+  if (bptt_) return;
+  const PlannerOptions& o = planner_->options();
+  const uint64_t n = dataset_->index().chunks.size();
+  if (n == 0) return;
+  const CursorState& at = planner_->state();
+  if (!prefetch_started_ || prefetch_sweep_ < at.sweep || (prefetch_sweep_ == at.sweep && prefetch_pos_ < at.segment)) {
+    prefetch_started_ = true;
+    prefetch_sweep_ = at.sweep;
+    prefetch_pos_ = at.segment;
+    prefetch_order_ = ChunkOrder(n, o.randomizer, prefetch_sweep_);
+  }
+  // Positions up to `lookahead_chunks_` owned chunks beyond the planner's segment.
+  const uint64_t last_sweep = planner_->last_sweep();
+  while (scheduled_ahead_ < lookahead_chunks_ && prefetch_sweep_ <= last_sweep) {
+    const uint64_t pos = prefetch_pos_;
+    if (pos % o.world == o.rank) {
+      const uint32_t chunk = prefetch_order_[pos];
+      if (open_.find(chunk) == open_.end()) {
+        open_.emplace(chunk, pipeline_->Enqueue(chunk));
+        ++scheduled_ahead_;
+      }
+    }
+    if (++prefetch_pos_ == n) {
+      prefetch_pos_ = 0;
+      ++prefetch_sweep_;
+      prefetch_order_ = ChunkOrder(n, o.randomizer, prefetch_sweep_);
+    }
   }
 }
 
@@ -75,6 +108,7 @@ void Loader::PlanAhead() {
     }
     planned_.push_back(std::move(p));
   }
+  PrefetchAhead();
 }
 
 absl::StatusOr<bool> Loader::Next(Batch* out) {
@@ -98,11 +132,7 @@ absl::StatusOr<bool> Loader::Next(Batch* out) {
         failed = chunk.status();
         break;
       }
-      if (!fetched_any_ || t > last_fetched_) {  // tickets are first fetched in order
-        fetched_any_ = true;
-        last_fetched_ = t;
-        if (scheduled_ahead_ > 0) --scheduled_ahead_;
-      }
+      if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
       it = held.emplace(t, *chunk).first;
     }
     const int32_t slot = it->second->slot_of[piece.index_in_chunk];

@@ -70,6 +70,8 @@ class Loader {
   Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
          const LoaderOptions& options);
   void PlanAhead();
+  // Schedules the chunks of the next randomized positions before any batch needs them.
+  void PrefetchAhead();
   void Unref(uint64_t ticket);
 
   const Dataset* const dataset_;
@@ -84,8 +86,10 @@ class Loader {
   std::set<uint64_t> closed_;               // tickets the plan is done with, still referenced
   std::map<uint64_t, uint64_t> ticket_refs_;  // ticket -> planned batches using it
   uint64_t scheduled_ahead_ = 0;
-  bool fetched_any_ = false;
-  uint64_t last_fetched_ = 0;
+  uint64_t prefetch_sweep_ = 0, prefetch_pos_ = 0;  // next randomized position to schedule
+  bool prefetch_started_ = false;
+  std::vector<uint32_t> prefetch_order_;           // chunk order of prefetch_sweep_
+  std::set<uint64_t> fetched_;  // tickets taken from the pipeline at least once
   std::byte* buffer_ = nullptr;
   size_t buffer_size_ = 0;
 };

@@ -49,6 +49,12 @@ Planner::Planner(const Index* index, const PlannerOptions& options) : index_(ind
   }
 }
 
+uint64_t Planner::last_sweep() const {
+  if (index_->total_samples == 0) return 0;
+  const uint64_t end = options_.epochs * epoch_size_;  // samples of the timeline planned
+  return end == 0 ? 0 : (end - 1) / index_->total_samples;
+}
+
 absl::Status Planner::Seek(const CursorState& state) {
   const uint64_t n = index_->chunks.size();
   if ((n > 0 && state.segment >= n) || state.sample_in_sweep > index_->total_samples) {

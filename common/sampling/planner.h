@@ -98,6 +98,10 @@ class Planner {
   std::optional<PlannedBatch> Next();
 
   const PlannerOptions& options() const { return options_; }
+  // Where planning stands: the next unit's sweep and segment.
+  const CursorState& state() const { return state_; }
+  // The last sweep any planned epoch reaches.
+  uint64_t last_sweep() const;
   uint64_t sweep_samples() const { return index_->total_samples; }
 
  private:

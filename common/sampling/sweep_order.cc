@@ -21,16 +21,21 @@ uint64_t DefaultRandomizationWindow(const Index& index, uint64_t chunk_size, boo
   return std::max<uint64_t>(1, (4ull << 30) / std::max<uint64_t>(1, chunk_size));
 }
 
+std::vector<uint32_t> ChunkOrder(uint64_t n, const RandomizerOptions& options, uint64_t sweep) {
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  if (options.randomize && n > 1) {
+    // CNTK's RandomShuffleMT: not Fisher-Yates, no std distribution: platform-stable.
+    std::mt19937_64 rng(options.seed + sweep);
+    for (uint64_t i = 0; i < n; ++i) std::swap(order[i], order[rng() % n]);
+  }
+  return order;
+}
+
 SweepOrder::SweepOrder(const Index* index, const RandomizerOptions& options, uint64_t sweep)
     : index_(index), options_(options), sweep_seed_(options.seed + sweep) {
   const uint64_t n = index_->chunks.size();
-  order_.resize(n);
-  std::iota(order_.begin(), order_.end(), 0u);
-  if (options_.randomize && n > 1) {
-    // CNTK's RandomShuffleMT: not Fisher-Yates, no std distribution: platform-stable.
-    std::mt19937_64 rng(sweep_seed_);
-    for (uint64_t i = 0; i < n; ++i) std::swap(order_[i], order_[rng() % n]);
-  }
+  order_ = ChunkOrder(n, options, sweep);
   base_.resize(n + 1);
   base_[0] = 0;
   for (uint64_t i = 0; i < n; ++i) {
@@ -74,13 +79,16 @@ void SweepOrder::Distribute(uint64_t pos) {
         const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((s << 24) ^ f)) >> 32;
         key += static_cast<unsigned __int128>(spread_) * h;
       }
-      // The segment whose [base(i), base(i+1)) holds the key.
+      // The segment whose [base(i), base(i+1)) holds the key (bases are 0,1,2,... for
+      // chunk windows: no search needed).
       const uint64_t whole = static_cast<uint64_t>(key >> 32);
-      uint64_t seg = std::upper_bound(base_.begin() + pos, base_.end(), whole) - base_.begin() - 1;
+      uint64_t seg = options_.sample_window
+                         ? std::upper_bound(base_.begin() + pos, base_.end(), whole) - base_.begin() - 1
+                         : whole;
       if (seg >= n) seg = n - 1;
-      // Keys between the base of an empty-width segment run can only map to later segments.
-      if (started_ && seg < current_) continue;  // before the segment a seek started at
-      buckets_[seg].push_back({key, u});
+      if (seg < first_bucket_) continue;  // before the segment a seek started at
+      while (first_bucket_ + buckets_.size() <= seg) buckets_.emplace_back();
+      buckets_[seg - first_bucket_].push_back({key, u});
     }
   }
 }
@@ -88,24 +96,29 @@ void SweepOrder::Distribute(uint64_t pos) {
 const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
   if (!started_) {
     started_ = true;
-    current_ = i;
+    first_bucket_ = i;
     next_to_distribute_ = FirstContributor(i);
+  }
+  // Drop the buckets of segments before i (asked for in increasing order).
+  while (first_bucket_ < i) {
+    if (!buckets_.empty()) buckets_.pop_front();
+    ++first_bucket_;
   }
   current_ = i;
   while (next_to_distribute_ <= i && next_to_distribute_ < order_.size()) Distribute(next_to_distribute_++);
   segment_.clear();
-  auto it = buckets_.find(i);
-  if (it != buckets_.end()) {
-    std::vector<Keyed>& b = it->second;
-    std::sort(b.begin(), b.end(), [](const Keyed& x, const Keyed& y) {
+  if (!buckets_.empty()) {
+    std::vector<Keyed>& b = buckets_.front();
+    // File order (spread 0) is already sorted: one chunk, distributed in sequence order.
+    if (spread_ > 0) std::sort(b.begin(), b.end(), [](const Keyed& x, const Keyed& y) {
       if (x.key != y.key) return x.key < y.key;
       if (x.unit.sequence != y.unit.sequence) return x.unit.sequence < y.unit.sequence;
       return x.unit.frame < y.unit.frame;
     });
     segment_.reserve(b.size());
     for (const Keyed& k : b) segment_.push_back(k.unit);
+    std::vector<Keyed>().swap(b);
   }
-  buckets_.erase(buckets_.begin(), buckets_.upper_bound(i));
   return segment_;
 }
 

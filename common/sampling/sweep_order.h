@@ -16,7 +16,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <deque>
 #include <vector>
 
 #include "common/index/index.h"
@@ -33,6 +33,9 @@ struct RandomizerOptions {
 
 // The CNTK default window: 4 GiB worth of chunks (128 at 32 MiB), or the whole sweep in samples.
 uint64_t DefaultRandomizationWindow(const Index& index, uint64_t chunk_size, bool sample_window);
+
+// Step 1 alone: the chunk at each randomized position of `sweep` (identity in file order).
+std::vector<uint32_t> ChunkOrder(uint64_t num_chunks, const RandomizerOptions& options, uint64_t sweep);
 
 struct Unit {
   static constexpr uint32_t kWholeSequence = UINT32_MAX;
@@ -74,7 +77,8 @@ class SweepOrder {
   std::vector<uint32_t> order_;   // randomized position -> chunk id
   std::vector<uint64_t> base_;    // size n+1, in window units
   uint64_t spread_ = 0;
-  std::map<uint64_t, std::vector<Keyed>> buckets_;  // segment -> units
+  std::deque<std::vector<Keyed>> buckets_;  // segment first_bucket_ + i -> its units
+  uint64_t first_bucket_ = 0;
   uint64_t next_to_distribute_ = 0;
   bool started_ = false;
   uint64_t current_ = 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/index/index_cache.h"
 
 namespace conveyor {
@@ -142,7 +143,7 @@ void ScanRange(std::string_view bytes, uint64_t begin, uint64_t end, bool per_li
 uint64_t CtfIndexConfigHash(const CtfIndexOptions& options) {
   std::string key = absl::StrCat("ctf-index-v1|", options.skip_sequence_ids ? 1 : 0, "|",
                                  options.main_alias);
-  return Fnv1a64(key.data(), key.size());
+  return Hash64(key.data(), key.size());
 }
 
 absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& path,
