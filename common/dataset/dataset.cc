@@ -60,6 +60,7 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   }
   if (!loaded) {
     ASSIGN_OR_RETURN(index_, BuildCtfIndex(file_->bytes(), d.file, io));
+    index_.ComputeContentHash();
     if (config_.cache_index) {
       absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);
       if (!w.ok()) diagnostics_->Report(Severity::kWarning, "index cache", absl::StrCat(w.message(), " (continuing without a cache)"));

@@ -1,5 +1,7 @@
 #include "common/index/index.h"
 
+#include "common/hash.h"
+
 namespace conveyor {
 
 void Index::BuildChunks(uint64_t chunk_size) {
@@ -25,6 +27,10 @@ void Index::BuildChunks(uint64_t chunk_size) {
     total_samples += s.num_samples;
   }
   if (cur.num_sequences > 0) chunks.push_back(cur);
+}
+
+void Index::ComputeContentHash() {
+  content_hash = Hash64(sequences.data(), sequences.size() * sizeof(SequenceEntry));
 }
 
 }  // namespace conveyor

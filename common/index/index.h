@@ -53,6 +53,9 @@ struct Index {
   uint64_t total_samples = 0;
   uint64_t file_size = 0;
   IndexErrors errors;
+  // Hash64 of the sequence records: the identity cursors carry (ComputeContentHash()).
+  uint64_t content_hash = 0;
+  void ComputeContentHash();
 
   // Recomputes `chunks` and `total_samples` from `sequences`: a new chunk starts when the
   // current one is empty or adding the next sequence would pass `chunk_size` bytes.

@@ -6,7 +6,7 @@
 // Layout (little-endian): "CVYIDX\0\1" magic, u32 version, u32 flags (bit 0: keys are line
 // numbers), u64 data size, i64 data mtime (ns), u64 config hash, u64 sequence count,
 // u64 error count, u32 kept errors, u32 zero, IndexError[kept], SequenceEntry[count],
-// u64 checksum (Hash64 chained over the header, the errors and the records).
+// u64 checksum (Hash64 over the header and the errors, mixed with the records' Hash64).
 #pragma once
 
 #include <cstdint>

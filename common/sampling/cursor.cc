@@ -48,8 +48,8 @@ uint32_t Check(std::string_view bytes) {
 }  // namespace
 
 uint64_t IndexHash(const Index& index) {
-  // Every field of every record: key, offset, line, size, samples.
-  uint64_t h = Hash64(index.sequences.data(), index.sequences.size() * sizeof(SequenceEntry));
+  // Every field of every record (key, offset, line, size, samples), and the chunking.
+  uint64_t h = index.content_hash;
   for (const ChunkEntry& c : index.chunks) h = Mix64(h, c.num_sequences);
   return h;
 }
