@@ -7,12 +7,14 @@
 int main(int argc, char** argv) {
   conveyor::TuneAllocatorForStreaming();
   CLI::App app{
-      "conveyor: a data loader for training. It indexes CNTK text-format datasets, parses them "
-      "in parallel and assembles dense and sparse (CSC) minibatches.\n"
+      "conveyor: a data loader for training. It indexes CNTK text-format datasets, randomizes "
+      "them as CNTK does (reproducibly, resumably, split across ranks), parses them in parallel "
+      "and assembles dense and sparse (CSC) minibatches.\n"
       "A configuration (YAML, JSON, or a CNTK BrainScript reader block) names the datasets.\n"
       "Examples:\n"
       "  conveyor inspect examples/conveyor.yaml\n"
       "  conveyor dump examples/conveyor.yaml --dataset simple --randomize off --minibatch-size 4\n"
+      "  conveyor dump examples/conveyor.yaml --dataset sparse --randomize on --rank 0 --world 2\n"
       "  conveyor bench examples/conveyor.yaml --dataset sparse --threads 2 --json",
       "conveyor"};
   app.require_subcommand(1);

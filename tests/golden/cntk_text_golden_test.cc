@@ -147,3 +147,54 @@ TEST(CntkEdgeCases, InvalidInputsKeepsOnlyTheWellFormedSequence) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+std::string PyDir() { return TestdataDir() + "/cntk/python_io_tests"; }
+
+// CNTK's Python io_tests (python_io_tests/EXPECTED.md), the cases whose settings match.
+TEST(CntkPythonIo, TextFormatSparseAndDenseInOneMinibatch) {
+  // test_text_format: next_minibatch(7) -> 2 sequences, features (2,4,1000) with 7 samples,
+  // labels (2,1,5) with values [1,0,0,0,0] and [0,1,0,0,0].
+  DatasetConfig ds = CtfDataset(PyDir() + "/MBDATA_SPARSE.ctf",
+                                "{features: {alias: x, dim: 1000, format: sparse}, labels: {alias: y, dim: 5, format: dense}}");
+  ReadOptions ro;
+  ro.minibatch_size = 7;
+  auto out = DumpDataset(ds, ro);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"features\":{\"sparse\":[[[560,1]],[[0,1]],[[0,1]]]},"
+            "\"labels\":{\"dense\":[[1,0,0,0,0]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"features\":{\"sparse\":[[[560,1]],[[0,1]],[[0,1]],[[424,1]]]},"
+            "\"labels\":{\"dense\":[[0,1,0,0,0]]}}}\n");
+}
+
+TEST(CntkPythonIo, FullSweepMinibatchKeepsEachStreamsLength) {
+  // test_full_sweep_minibatch: features [[0],[1],[2],[3]] and [[4],[5],[6]];
+  // labels [[0],[1],[3]] and [[1],[2]].
+  DatasetConfig ds = CtfDataset(PyDir() + "/MBDATA_DENSE_1.ctf",
+                                "{features: {alias: S0, dim: 1, format: dense}, labels: {alias: S1, dim: 1, format: dense}}");
+  ReadOptions ro;
+  ro.minibatch_size = 1000;
+  auto out = DumpDataset(ds, ro);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"features\":{\"dense\":[[0],[1],[2],[3]]},\"labels\":{\"dense\":[[0],[1],[3]]}}}\n"
+            "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"features\":{\"dense\":[[4],[5],[6]]},\"labels\":{\"dense\":[[1],[2]]}}}\n");
+}
+
+TEST(CntkPythonIo, MinibatchDefinedByLabels) {
+  // test_minibatch_defined_by_labels: labels define the size; mb(2) -> 2 sequences with 7
+  // feature samples and 2 label samples.
+  DatasetConfig ds = CtfDataset(PyDir() + "/MBDATA_SPARSE.ctf",
+                                "{features: {alias: x, dim: 1000, format: sparse}, labels: {alias: y, dim: 5, format: dense, definesMBSize: true}}");
+  ReadOptions ro;
+  ro.minibatch_size = 2;
+  auto out = DumpDataset(ds, ro);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_NE(out->find("\"batch\":0,\"key\":\"1\""), std::string::npos) << *out;
+}
+
+}  // namespace
+}  // namespace conveyor::testing
