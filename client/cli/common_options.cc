@@ -72,6 +72,9 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
   r.rank = rank;
   r.world = world;
   if (frame_mode) r.frame_mode = true;
+  if (minibatch_mode == "full") r.full_minibatches = true;
+  else if (minibatch_mode == "partial") r.full_minibatches = false;
+  else if (!minibatch_mode.empty()) return absl::InvalidArgumentError("--minibatch-mode expects partial or full");
   r.truncation = truncation;
   r.parallel = parallel;
   if (parallel > 0 && truncation == 0) return absl::InvalidArgumentError("--parallel needs --truncation");
@@ -98,6 +101,9 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
                   "every w-th randomized chunk; all get the same number of minibatches. With --resume, "
                   "a different --world re-partitions the rest of the epoch (elastic resume)")
       ->check(CLI::Range(1u, kMaxWorld));
+  cmd->add_option("--minibatch-mode", a->minibatch_mode,
+                  "partial (default): an epoch's last minibatch may be smaller; full: it is filled up "
+                  "with the data that follows, and the next epoch starts after it");
   cmd->add_flag("--frame-mode", a->frame_mode, "Every sample is its own sequence, randomized at sample level");
   cmd->add_option("--truncation", a->truncation,
                   "Truncated BPTT: minibatches of T steps of --parallel sequences, each continuing in "

@@ -40,6 +40,7 @@ struct StreamArgs {
   std::optional<uint64_t> epoch_size;
   std::optional<uint32_t> rank, world;
   bool frame_mode = false;
+  std::string minibatch_mode;  // partial|full|"" (the configuration's)
   uint32_t truncation = 0, parallel = 0;
   std::string resume;
   int threads = 1;

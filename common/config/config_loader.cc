@@ -150,6 +150,11 @@ class Converter {
     } else if (key == "epochsize") {
       ASSIGN_OR_RETURN(uint64_t e, UInt(v, k, 0, UINT64_MAX));
       if (e > 0) ds->epoch_size = e;  // CNTK: 0 means one sweep
+    } else if (key == "minibatchmode") {
+      const std::string m = Lower(v.scalar);
+      if (m == "partial") ds->full_minibatches = false;
+      else if (m == "full") ds->full_minibatches = true;
+      else return Error(v, absl::StrCat("expected minibatchMode partial or full, found '", v.scalar, "'"));
     } else if (key == "precision") {
       std::string p = Lower(v.scalar);
       if (p == "float") ds->precision = Precision::kFloat;

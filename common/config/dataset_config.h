@@ -50,6 +50,7 @@ struct DatasetConfig {
   bool cache_index = false;
   Precision precision = Precision::kFloat;
   std::optional<uint64_t> epoch_size;  // samples; unset: one sweep
+  bool full_minibatches = false;       // minibatchMode: full (default partial)
   std::vector<DeserializerConfig> deserializers;
 
   // Effective error budget and verbosity (a deserializer may override the dataset's).

@@ -74,6 +74,7 @@ uint64_t StreamConfigHash(const DatasetConfig& dataset, const PlannerOptions& o)
   h.Add(o.randomizer.randomize ? o.randomizer.window : 0);
   h.Add(o.randomizer.sample_window);
   h.Add(o.randomizer.frame_mode);
+  h.Add(o.full_minibatches);
   h.Add(o.truncation);
   h.Add(o.truncation > 0 ? o.parallel : 0);
   return h.h;

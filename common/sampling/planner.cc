@@ -163,9 +163,12 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   b.epoch = state_.epoch;
   b.batch = state_.batch;
   const uint64_t sweep = state_.sweep;
+  const bool full = options_.full_minibatches;
   while (true) {
     const Unit* u = Peek();
-    if (u == nullptr || state_.sweep != sweep || Position() >= epoch_end) break;
+    if (u == nullptr) break;
+    if (!full && (state_.sweep != sweep || Position() >= epoch_end)) break;
+    if (full && b.global_samples == 0 && Position() >= epoch_end) break;
     if (b.global_samples > 0 && b.global_samples + u->samples > options_.minibatch_size) break;
     b.global_samples += u->samples;
     if (u->position % options_.world == options_.rank) {

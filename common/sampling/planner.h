@@ -33,6 +33,10 @@ struct PlannerOptions {
   uint32_t rank = 0;
   uint32_t world = 1;
   RandomizerOptions randomizer;        // window resolved by the caller
+  // minibatchMode full: the last minibatch of an epoch is filled up with the units that
+  // follow (across the sweep end), and the next epoch starts after them; partial (default):
+  // it ends with the epoch.
+  bool full_minibatches = false;
   uint32_t truncation = 0;             // T > 0: truncated BPTT
   uint32_t parallel = 0;               // N slots; 0: max(1, minibatch_size / T)
 };

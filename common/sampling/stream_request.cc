@@ -28,6 +28,7 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
   p.minibatch_size = r.minibatch_size;
   p.epochs = r.epochs;
   p.epoch_size = r.epoch_size ? r.epoch_size : config.epoch_size;
+  p.full_minibatches = r.full_minibatches.value_or(config.full_minibatches);
   RandomizerOptions& rz = p.randomizer;
   rz.randomize = r.randomize.value_or(config.randomize);
   rz.seed = r.seed.value_or(config.randomization_seed);

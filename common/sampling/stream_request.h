@@ -25,6 +25,7 @@ struct StreamRequest {
   std::optional<uint32_t> rank;
   std::optional<uint32_t> world;
   std::optional<bool> frame_mode;
+  std::optional<bool> full_minibatches;  // minibatchMode full
   uint32_t truncation = 0;  // 0: the configuration's (truncated + truncationLength)
   uint32_t parallel = 0;
   std::string resume;       // a cursor token, or empty

@@ -415,3 +415,29 @@ TEST(Cursor, RefusesCorruptAndForeignTokens) {
 
 }  // namespace
 }  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+TEST(MinibatchMode, FullFillsTheLastMinibatchAndLosesNothing) {
+  Index index = MakeIndex(100, 1, 10, 1);  // 100 one-sample sequences
+  PlannerOptions o = Randomized(2, 3, 30);
+  o.epochs = 3;
+  o.full_minibatches = true;
+  auto p = Planner::Create(&index, o);
+  std::vector<PlannedBatch> batches;
+  auto d = RunPlanner(p->get(), &batches);
+  for (const auto& b : batches) EXPECT_EQ(b.global_samples, 30u);  // every minibatch is full
+  EXPECT_EQ(batches.size(), 10u);  // 300 samples / 30 (epochs: 4, 3, 3 minibatches)
+  std::map<uint64_t, int> seen;
+  for (const auto& x : d) ++seen[x.sequence];
+  for (uint64_t i = 0; i < 100; ++i) EXPECT_EQ(seen[i], 3) << i;  // each once per sweep
+  PlannerOptions partial = Randomized(2, 3, 30);
+  auto q = Planner::Create(&index, partial);
+  std::vector<PlannedBatch> pb;
+  RunPlanner(q->get(), &pb);
+  EXPECT_EQ(pb.back().global_samples, 10u);  // 100 = 3 x 30 + 10
+}
+
+}  // namespace
+}  // namespace conveyor
