@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -79,10 +80,11 @@ absl::StatusOr<ResolvedStream> Resolve(const Dataset& ds, const ReadOptions& opt
   return ResolveStream(ds, r);
 }
 
-}  // namespace
-
-absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadOptions& options,
-                                        std::vector<std::string>* messages) {
+// Opens the dataset and calls `each` with every batch the loader delivers (up to
+// options.max_batches_per_epoch per epoch).
+absl::Status ForEachBatch(const DatasetConfig& config, const ReadOptions& options,
+                          std::vector<std::string>* messages,
+                          const std::function<void(const Batch&, const ResolvedStream&)>& each) {
   auto ds = OpenCollecting(config, messages);
   if (!ds.ok()) return ds.status();
   auto resolved = Resolve(**ds, options);
@@ -90,15 +92,24 @@ absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadO
   auto assembler = MakeCpuAssembler();
   auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
   if (!loader.ok()) return loader.status();
-  std::string out;
   Batch b;
   while (true) {
     auto more = (*loader)->Next(&b);
     if (!more.ok()) return more.status();
-    if (!*more) break;
-    if (b.index >= options.max_batches_per_epoch) continue;
-    AppendDump(b.epoch, b.index, b.plan, b.bytes, options.cursors ? resolved->Encode(b.after) : "", &out);
+    if (!*more) return absl::OkStatus();
+    if (b.index < options.max_batches_per_epoch) each(b, *resolved);
   }
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadOptions& options,
+                                        std::vector<std::string>* messages) {
+  std::string out;
+  absl::Status st = ForEachBatch(config, options, messages, [&](const Batch& b, const ResolvedStream& r) {
+    AppendDump(b.epoch, b.index, b.plan, b.bytes, options.cursors ? r.Encode(b.after) : "", &out);
+  });
+  if (!st.ok()) return st;
   return out;
 }
 
@@ -136,20 +147,8 @@ void AppendSample(const StreamLayout& L, uint64_t n, uint64_t t, const std::byte
 
 absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& config,
                                                            const ReadOptions& options) {
-  auto ds = OpenCollecting(config, nullptr);
-  if (!ds.ok()) return ds.status();
-  auto resolved = Resolve(**ds, options);
-  if (!resolved.ok()) return resolved.status();
-  auto assembler = MakeCpuAssembler();
-  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
-  if (!loader.ok()) return loader.status();
   std::vector<std::string> out;
-  Batch b;
-  while (true) {
-    auto more = (*loader)->Next(&b);
-    if (!more.ok()) return more.status();
-    if (!*more) break;
-    if (b.index >= options.max_batches_per_epoch) continue;
+  absl::Status st = ForEachBatch(config, options, nullptr, [&](const Batch& b, const ResolvedStream&) {
     for (size_t si = 0; si < b.plan.streams.size(); ++si) {
       const StreamLayout& L = b.plan.streams[si];
       // CNTK's MBLayout: sequences first-fit into rows of width T (the longest sequence);
@@ -186,7 +185,8 @@ absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& 
         }
       }
     }
-  }
+  });
+  if (!st.ok()) return st;
   return out;
 }
 

@@ -38,26 +38,17 @@ double MemchrScanSeconds(std::string_view bytes) {
 }
 
 int RunBench(const BenchArgs& args) {
-  auto config = LoadConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto dc = ChooseDataset(*config, args.dataset);
-  if (!dc.ok()) return Fail(dc.status());
-  auto request = args.stream.ToRequest();
-  if (!request.ok()) return Fail(request.status());
   const auto t_open = std::chrono::steady_clock::now();
-  auto ds = OpenWithProgress(*dc, request->threads);
-  if (!ds.ok()) return Fail(ds.status());
-  auto resolved = ResolveStream(**ds, *request);
-  if (!resolved.ok()) return Fail(resolved.status());
-  auto assembler = MakeCpuAssembler();
-  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
-  if (!loader.ok()) return Fail(loader.status());
+  auto stream = OpenStream(args.config, args.dataset, args.stream);
+  if (!stream.ok()) return Fail(stream.status());
+  Loader* loader = stream->loader.get();
+  const Dataset* ds = stream->dataset.get();
   Batch batch;
   uint64_t samples = 0, batches = 0, batch_bytes = 0;
   double first_batch = -1;
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
-    auto more = (*loader)->Next(&batch);
+    auto more = loader->Next(&batch);
     if (!more.ok()) return Fail(more.status());
     if (!*more) break;
     if (first_batch < 0) first_batch = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
@@ -66,14 +57,14 @@ int RunBench(const BenchArgs& args) {
     ++batches;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const uint64_t bytes = (*ds)->file_bytes() * args.stream.epochs;
+  const uint64_t bytes = ds->file_bytes() * args.stream.epochs;
   if (!args.json) {
-    const double scan = MemchrScanSeconds((*ds)->bytes());
-    const double scan_mbs = (*ds)->file_bytes() / 1e6 / std::max(scan, 1e-9);
+    const double scan = MemchrScanSeconds(ds->bytes());
+    const double scan_mbs = ds->file_bytes() / 1e6 / std::max(scan, 1e-9);
     const double mbs = bytes / 1e6 / std::max(secs, 1e-9);
     std::printf("%s: %llu batches, %llu samples, %.1f MB of input in %.3f s with %d parser thread(s)\n",
-                dc->name.c_str(), static_cast<unsigned long long>(batches),
-                static_cast<unsigned long long>(samples), bytes / 1e6, secs, request->threads);
+                stream->name.c_str(), static_cast<unsigned long long>(batches),
+                static_cast<unsigned long long>(samples), bytes / 1e6, secs, stream->request.threads);
     std::printf("  %.1f MB/s input, %.0f samples/s, %.1f MB/s of assembled batches; first batch after %.1f ms\n",
                 mbs, samples / std::max(secs, 1e-9), batch_bytes / 1e6 / std::max(secs, 1e-9), first_batch * 1e3);
     std::printf("  reference: memchr newline scan of the same file %.0f MB/s; ratio %.3f\n", scan_mbs,

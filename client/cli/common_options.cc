@@ -115,4 +115,28 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
       ->check(CLI::Range(1, 256));
 }
 
+absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const std::string& dataset,
+                                        const StreamArgs& args) {
+  OpenedStream s;
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return config.status();
+  auto dc = ChooseDataset(*config, dataset);
+  if (!dc.ok()) return dc.status();
+  s.name = dc->name;
+  auto request = args.ToRequest();
+  if (!request.ok()) return request.status();
+  s.request = *request;
+  auto ds = OpenWithProgress(*dc, request->threads);
+  if (!ds.ok()) return ds.status();
+  s.dataset = std::move(*ds);
+  auto resolved = ResolveStream(*s.dataset, s.request);
+  if (!resolved.ok()) return resolved.status();
+  s.resolved = std::move(*resolved);
+  s.assembler = MakeCpuAssembler();
+  auto loader = Loader::Create(s.dataset.get(), s.assembler.get(), s.resolved.loader);
+  if (!loader.ok()) return loader.status();
+  s.loader = std::move(*loader);
+  return s;
+}
+
 }  // namespace conveyor::cli

@@ -10,6 +10,8 @@
 #include "absl/status/statusor.h"
 #include "common/config/dataset_config.h"
 #include "common/dataset/dataset.h"
+#include "common/batch/assembler.h"
+#include "common/sampling/loader.h"
 #include "common/sampling/stream_request.h"
 
 #include <CLI/CLI.hpp>
@@ -47,5 +49,19 @@ struct StreamArgs {
   absl::StatusOr<StreamRequest> ToRequest() const;
 };
 void AddStreamOptions(CLI::App* cmd, StreamArgs* args);
+
+// A dataset opened for reading one stream: what dump and bench run.
+struct OpenedStream {
+  std::string name;
+  StreamRequest request;
+  std::unique_ptr<Dataset> dataset;
+  ResolvedStream resolved;
+  std::unique_ptr<BatchAssembler> assembler;
+  std::unique_ptr<Loader> loader;
+};
+// Loads the configuration, chooses the dataset, opens it (with a progress bar), resolves
+// the stream options and creates the loader. Errors are ready for Fail().
+absl::StatusOr<OpenedStream> OpenStream(const std::string& config, const std::string& dataset,
+                                        const StreamArgs& args);
 
 }  // namespace conveyor::cli

@@ -19,38 +19,29 @@ struct DumpArgs {
 };
 
 int RunDump(const DumpArgs& args) {
-  auto config = LoadConfig(args.config);
-  if (!config.ok()) return Fail(config.status());
-  auto dc = ChooseDataset(*config, args.dataset);
-  if (!dc.ok()) return Fail(dc.status());
-  auto request = args.stream.ToRequest();
-  if (!request.ok()) return Fail(request.status());
-  auto ds = OpenWithProgress(*dc, request->threads);
-  if (!ds.ok()) return Fail(ds.status());
-  auto resolved = ResolveStream(**ds, *request);
-  if (!resolved.ok()) return Fail(resolved.status());
-  auto assembler = MakeCpuAssembler();
-  auto loader = Loader::Create(ds->get(), assembler.get(), resolved->loader);
-  if (!loader.ok()) return Fail(loader.status());
+  auto stream = OpenStream(args.config, args.dataset, args.stream);
+  if (!stream.ok()) return Fail(stream.status());
+  Loader* loader = stream->loader.get();
+  const Dataset* ds = stream->dataset.get();
   Batch batch;
   std::string out;
   while (true) {
-    auto more = (*loader)->Next(&batch);
+    auto more = loader->Next(&batch);
     if (!more.ok()) {
       std::fflush(stdout);
       return Fail(more.status());
     }
     if (!*more) break;
     out.clear();
-    AppendDump(batch.epoch, batch.index, batch.plan, batch.bytes, resolved->Encode(batch.after), &out);
+    AppendDump(batch.epoch, batch.index, batch.plan, batch.bytes, stream->resolved.Encode(batch.after), &out);
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
   std::fflush(stdout);
-  (*ds)->diagnostics().Flush();
-  if ((*ds)->errors() > 0) {
+  ds->diagnostics().Flush();
+  if (ds->errors() > 0) {
     std::fprintf(stderr, "conveyor: %llu input errors skipped (maxErrors=%llu)\n",
-                 static_cast<unsigned long long>((*ds)->errors()),
-                 static_cast<unsigned long long>((*ds)->max_errors()));
+                 static_cast<unsigned long long>(ds->errors()),
+                 static_cast<unsigned long long>(ds->max_errors()));
   }
   return 0;
 }

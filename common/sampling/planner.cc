@@ -157,6 +157,16 @@ std::optional<PlannedBatch> Planner::Next() {
   return std::nullopt;
 }
 
+void Planner::Step(PlannedBatch* b) {
+  if (b->end_of_epoch) {
+    ++state_.epoch;
+    state_.batch = 0;
+  } else {
+    ++state_.batch;
+  }
+  b->after = state_;
+}
+
 std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   const uint64_t epoch_end = (state_.epoch + 1) * epoch_size_;
   PlannedBatch b;
@@ -183,13 +193,7 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   b.end_of_sweep = state_.sweep != sweep;
   b.end_of_epoch = next == nullptr || Position() >= epoch_end;
   b.exhausted_chunks.swap(pending_exhausted_);
-  if (b.end_of_epoch) {
-    ++state_.epoch;
-    state_.batch = 0;
-  } else {
-    ++state_.batch;
-  }
-  b.after = state_;
+  Step(&b);
   if (b.global_samples == 0) return std::nullopt;  // an epoch in which no unit starts
   return b;
 }
@@ -258,13 +262,7 @@ std::optional<PlannedBatch> Planner::NextTruncated() {
     (held ? still : b.exhausted_chunks).push_back(c);
   }
   deferred_exhausted_.swap(still);
-  if (b.end_of_epoch) {
-    ++state_.epoch;
-    state_.batch = 0;
-  } else {
-    ++state_.batch;
-  }
-  b.after = state_;
+  Step(&b);
   if (!any) return std::nullopt;
   return b;
 }

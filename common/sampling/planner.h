@@ -119,6 +119,8 @@ class Planner {
   Piece MakePiece(const Unit& u) const;
   std::optional<PlannedBatch> NextFrameOrSequence();
   std::optional<PlannedBatch> NextTruncated();
+  // Moves the state past the batch just planned (next batch, or next epoch) into b->after.
+  void Step(PlannedBatch* b);
 
   const Index* const index_;
   const PlannerOptions options_;
