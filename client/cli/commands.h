@@ -10,5 +10,8 @@ void RegisterInspect(CLI::App& app, int* exit_code);
 void RegisterIndex(CLI::App& app, int* exit_code);
 void RegisterDump(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+#ifdef CONVEYOR_HAVE_SERVICE
+void RegisterSubscribe(CLI::App& app, int* exit_code);
+#endif
 
 }  // namespace conveyor::cli

@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   conveyor::cli::RegisterIndex(app, &exit_code);
   conveyor::cli::RegisterDump(app, &exit_code);
   conveyor::cli::RegisterBench(app, &exit_code);
+#ifdef CONVEYOR_HAVE_SERVICE
+  conveyor::cli::RegisterSubscribe(app, &exit_code);
+#endif
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

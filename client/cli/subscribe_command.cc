@@ -1,0 +1,101 @@
+// conveyor subscribe: a client of conveyord. Streams batches, prints throughput, or with
+// --dump the dump format (identical to `conveyor dump` with the same options).
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "client/cli/commands.h"
+#include "client/cli/common_options.h"
+#include "client/cpp/conveyor_client.h"
+#include "common/batch/dump_writer.h"
+
+namespace conveyor::cli {
+namespace {
+
+struct SubscribeArgs {
+  std::string address;
+  std::string dataset;
+  StreamArgs stream;
+  bool dump = false;
+  uint32_t credits = 0;
+  bool no_reconnect = false;
+};
+
+int RunSubscribe(const SubscribeArgs& args) {
+  auto request = args.stream.ToRequest();
+  if (!request.ok()) return Fail(request.status());
+  auto client = Client::Connect(args.address);
+  if (!client.ok()) return Fail(client.status());
+  v1::Subscribe s;
+  s.set_dataset(args.dataset);
+  s.set_minibatch_size(request->minibatch_size);
+  s.set_epochs(request->epochs);
+  if (request->seed) s.set_seed(*request->seed);
+  if (request->randomize) s.set_randomize(*request->randomize);
+  if (request->epoch_size) s.set_epoch_size(*request->epoch_size);
+  if (request->rank) s.set_rank(*request->rank);
+  if (request->world) s.set_world(*request->world);
+  if (request->frame_mode) s.set_frame_mode(*request->frame_mode);
+  if (request->full_minibatches) s.set_minibatch_mode(*request->full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
+  s.set_truncation(request->truncation);
+  s.set_parallel(request->parallel);
+  s.set_initial_credits(args.credits);
+  s.set_resume_cursor(request->resume);
+  SubscribeOptions so;
+  so.reconnect = !args.no_reconnect;
+  auto sub = (*client)->Subscribe(s, so);
+  if (!sub.ok()) return Fail(sub.status());
+  ReceivedBatch batch;
+  std::string out;
+  uint64_t batches = 0, samples = 0, bytes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    auto more = (*sub)->Next(&batch);
+    if (!more.ok()) {
+      std::fflush(stdout);
+      if (!(*sub)->last_cursor().empty()) {
+        std::fprintf(stderr, "conveyor: last cursor received: %s\n", (*sub)->last_cursor().c_str());
+      }
+      return Fail(more.status());
+    }
+    if (!*more) break;
+    ++batches;
+    samples += batch.plan().num_samples;
+    bytes += batch.bytes().size();
+    if (args.dump) {
+      out.clear();
+      AppendDump(batch.descriptor().epoch(), batch.descriptor().batch(), batch.plan(), batch.bytes(), batch.cursor(), &out);
+      std::fwrite(out.data(), 1, out.size(), stdout);
+    }
+  }
+  std::fflush(stdout);
+  if (!args.dump) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s from %s: %llu batches, %llu samples, %.1f MB in %.3f s: %.0f samples/s, %.1f MB/s\n",
+                args.dataset.c_str(), args.address.c_str(), static_cast<unsigned long long>(batches),
+                static_cast<unsigned long long>(samples), bytes / 1e6, secs, samples / std::max(secs, 1e-9),
+                bytes / 1e6 / std::max(secs, 1e-9));
+    std::printf("last cursor: %s\n", (*sub)->last_cursor().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterSubscribe(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<SubscribeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "subscribe",
+      "Stream a dataset's minibatches from a running conveyord (ADDR: host:port or unix:/path) and "
+      "print the throughput, or with --dump every sequence in the dump format (the same lines as "
+      "`conveyor dump` with the same options). A broken stream is resumed from the last cursor.");
+  cmd->add_option("address", args->address, "Daemon address: host:port or unix:/path")->required();
+  cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
+  cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
+  cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)");
+  cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
+  AddStreamOptions(cmd, &args->stream);
+  cmd->callback([args, exit_code] { *exit_code = RunSubscribe(*args); });
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,251 @@
+#include "client/cpp/conveyor_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire.h"
+
+namespace conveyor {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
+}
+
+// ------------------------------------------------------------------ ReceivedBatch
+
+int ReceivedBatch::StreamIndex(const std::string& name) const {
+  for (size_t i = 0; i < plan_.streams.size(); ++i)
+    if (plan_.streams[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+absl::Status ReceivedBatch::Validate() {
+  auto plan = DescriptorToPlan(descriptor_);
+  if (!plan.ok()) return plan.status();
+  plan_ = std::move(*plan);
+  if (bytes_.size() != plan_.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", descriptor_.serial(), " has ", bytes_.size(),
+                                                   " bytes, its descriptor says ", plan_.total_bytes));
+  }
+  const char* base = bytes_.data();
+  for (const StreamLayout& L : plan_.streams) {
+    const uint64_t rows = plan_.shape.rows;
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    if (L.lengths.present()) {
+      for (uint64_t r = 0; r < rows; ++r) {
+        int32_t len;
+        std::memcpy(&len, base + L.lengths.offset + r * 4, 4);
+        if (len < 0 || static_cast<uint64_t>(len) > T) return absl::InvalidArgumentError("a length exceeds T");
+      }
+    }
+    if (L.format != StreamFormat::kSparse) continue;
+    const uint64_t cols = rows * T;
+    int64_t prev = 0;
+    for (uint64_t c = 0; c <= cols; ++c) {
+      int64_t v;
+      if (L.colptr.dtype == DType::kInt64) {
+        std::memcpy(&v, base + L.colptr.offset + c * 8, 8);
+      } else {
+        int32_t w;
+        std::memcpy(&w, base + L.colptr.offset + c * 4, 4);
+        v = w;
+      }
+      if ((c == 0 && v != 0) || v < prev || static_cast<uint64_t>(v) > L.nnz || (c == cols && static_cast<uint64_t>(v) != L.nnz)) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': bad CSC column pointers"));
+      }
+      prev = v;
+    }
+    for (uint64_t k = 0; k < L.nnz; ++k) {
+      int32_t row;
+      std::memcpy(&row, base + L.rowind.offset + k * 4, 4);
+      if (row < 0 || static_cast<uint64_t>(row) >= L.dim) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': row index out of range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
+  if (s >= plan_.streams.size()) return absl::InvalidArgumentError("no such stream");
+  const StreamLayout& L = plan_.streams[s];
+  if (L.format != StreamFormat::kDense) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not dense"));
+  if ((plan_.precision == Precision::kFloat) != std::is_same<T, float>::value) {
+    return absl::InvalidArgumentError("element type does not match the batch's precision");
+  }
+  DenseView<T> v;
+  v.data = reinterpret_cast<const T*>(bytes_.data() + L.values.offset);
+  v.rows = plan_.shape.rows;
+  v.steps = L.sequence_axis ? L.max_length : 1;
+  v.dim = L.dim;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(bytes_.data() + L.lengths.offset) : nullptr;
+  return v;
+}
+
+template <typename T>
+absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
+  if (s >= plan_.streams.size()) return absl::InvalidArgumentError("no such stream");
+  const StreamLayout& L = plan_.streams[s];
+  if (L.format != StreamFormat::kSparse) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not sparse"));
+  if ((plan_.precision == Precision::kFloat) != std::is_same<T, float>::value) {
+    return absl::InvalidArgumentError("element type does not match the batch's precision");
+  }
+  CscView<T> v;
+  v.colptr = bytes_.data() + L.colptr.offset;
+  v.colptr64 = L.colptr.dtype == DType::kInt64;
+  v.rowind = reinterpret_cast<const int32_t*>(bytes_.data() + L.rowind.offset);
+  v.values = reinterpret_cast<const T*>(bytes_.data() + L.values.offset);
+  v.steps = L.sequence_axis ? L.max_length : 1;
+  v.columns = plan_.shape.rows * v.steps;
+  v.nnz = L.nnz;
+  v.dim = L.dim;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(bytes_.data() + L.lengths.offset) : nullptr;
+  return v;
+}
+
+template absl::StatusOr<DenseView<float>> ReceivedBatch::Dense<float>(size_t) const;
+template absl::StatusOr<DenseView<double>> ReceivedBatch::Dense<double>(size_t) const;
+template absl::StatusOr<CscView<float>> ReceivedBatch::Csc<float>(size_t) const;
+template absl::StatusOr<CscView<double>> ReceivedBatch::Csc<double>(size_t) const;
+
+// ------------------------------------------------------------------ Subscription
+
+Subscription::Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options)
+    : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)), request_(std::move(request)), options_(options) {}
+
+Subscription::~Subscription() { Cancel(); }
+
+void Subscription::Cancel() {
+  if (context_) context_->TryCancel();
+  if (stream_) stream_->Finish();
+  stream_.reset();
+  context_.reset();
+}
+
+absl::Status Subscription::Open() {
+  context_ = std::make_unique<grpc::ClientContext>();
+  stream_ = stub_->Stream(context_.get());
+  has_unacked_ = false;
+  v1::StreamRequest first;
+  *first.mutable_subscribe() = request_;
+  if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
+  if (!stream_->Write(first)) return FromGrpc(stream_->Finish());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
+  v1::StreamResponse msg;
+  if (!stream_->Read(&msg)) {
+    grpc::Status st = stream_->Finish();
+    stream_.reset();
+    if (st.ok()) return absl::UnavailableError("the stream ended without an end-of-stream message");
+    return FromGrpc(st);
+  }
+  if (msg.has_end()) {
+    ended_ = true;
+    stream_->WritesDone();
+    grpc::Status st = stream_->Finish();
+    stream_.reset();
+    if (!st.ok()) return FromGrpc(st);
+    return false;
+  }
+  if (!msg.has_batch()) return absl::InvalidArgumentError("expected a batch from the daemon");
+  ReceivedBatch& b = *out;
+  b.descriptor_ = std::move(*msg.mutable_batch());
+  const uint64_t total = b.descriptor_.total_bytes();
+  if (total > (uint64_t{1} << 34)) return absl::InvalidArgumentError("batch larger than 16 GiB");
+  b.bytes_.clear();
+  b.bytes_.reserve(total);
+  b.bytes_.append(b.descriptor_.payload().data());
+  b.descriptor_.mutable_payload()->clear_data();
+  for (uint32_t part = 1; part < b.descriptor_.parts(); ++part) {
+    v1::StreamResponse more;
+    if (!stream_->Read(&more) || !more.has_more() || more.more().serial() != b.descriptor_.serial() ||
+        more.more().payload().offset() != b.bytes_.size()) {
+      grpc::Status st = stream_ ? stream_->Finish() : grpc::Status::OK;
+      stream_.reset();
+      return st.ok() ? absl::InvalidArgumentError("a batch's parts arrived out of order") : FromGrpc(st);
+    }
+    b.bytes_.append(more.more().payload().data());
+    if (b.bytes_.size() > total) return absl::InvalidArgumentError("a batch's parts exceed its size");
+  }
+  absl::Status valid = b.Validate();
+  if (!valid.ok()) return valid;
+  has_unacked_ = true;
+  unacked_serial_ = b.descriptor_.serial();
+  last_cursor_ = b.descriptor_.cursor();
+  return true;
+}
+
+absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
+  if (ended_) return false;
+  while (true) {
+    absl::Status st;
+    if (!stream_) st = Open();
+    if (st.ok() && has_unacked_) {
+      v1::StreamRequest ack;
+      ack.mutable_ack()->set_serial(unacked_serial_);
+      has_unacked_ = false;
+      stream_->Write(ack);  // a failed write shows up in the next Read
+    }
+    if (st.ok()) {
+      auto r = Receive(out);
+      if (r.ok()) {
+        reconnects_ = 0;
+        return r;
+      }
+      st = r.status();
+    }
+    // A broken stream (daemon gone, draining): resume from the last cursor received.
+    if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= options_.max_reconnects) return st;
+    ++reconnects_;
+    Cancel();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << std::min(reconnects_, 5)));
+  }
+}
+
+// ------------------------------------------------------------------ Client
+
+Client::Client(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address) {
+  if (address.empty()) return absl::InvalidArgumentError("empty daemon address (expected host:port or unix:/path)");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Client>(new Client(std::move(channel)));
+}
+
+absl::StatusOr<std::vector<std::string>> Client::ListDatasets() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ListDatasetsRequest req;
+  v1::ListDatasetsResponse resp;
+  grpc::Status st = stub_->ListDatasets(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return std::vector<std::string>(resp.datasets().begin(), resp.datasets().end());
+}
+
+absl::StatusOr<v1::DatasetDescription> Client::Describe(const std::string& dataset) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::DescribeDatasetRequest req;
+  req.set_dataset(dataset);
+  v1::DatasetDescription resp;
+  grpc::Status st = stub_->DescribeDataset(&ctx, req, &resp);
+  if (!st.ok()) return FromGrpc(st);
+  return resp;
+}
+
+absl::StatusOr<std::unique_ptr<Subscription>> Client::Subscribe(const v1::Subscribe& request,
+                                                                const SubscribeOptions& options) {
+  auto sub = std::unique_ptr<Subscription>(new Subscription(channel_, request, options));
+  if (!request.resume_cursor().empty()) sub->last_cursor_ = request.resume_cursor();
+  return sub;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,132 @@
+// conveyor_client.h: the C++ client of conveyord. Connect to a daemon (TCP "host:port" or
+// "unix:/path"), list and describe its datasets, and subscribe to a stream of minibatches:
+//
+//   auto client = conveyor::Client::Connect("127.0.0.1:7070");
+//   v1::Subscribe s;  s.set_dataset("train");  s.set_minibatch_size(256);
+//   auto sub = (*client)->Subscribe(s);
+//   conveyor::ReceivedBatch b;
+//   while (*(*sub)->Next(&b)) { auto x = b.Dense<float>(0); ... save b.cursor() ... }
+//
+// Batches arrive as bytes laid out per DESIGN.md section 6; typed views index them without
+// copying. Every batch is checked before it is handed out (arrays inside the bytes, CSC
+// pointers monotonic and within nnz, row indices within dim), so a bad server cannot make a
+// client read out of bounds. A Subscription acknowledges a batch when the next one is asked
+// for (the credit goes back to the daemon); with reconnect on, a broken stream is resumed
+// from the last cursor received, so the batches handed out stay exactly the stream's.
+// Not thread-safe: one thread per Subscription.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/batch/batch_layout.h"
+#include "conveyor/v1/conveyor.grpc.pb.h"
+
+namespace conveyor {
+
+template <typename T>
+struct DenseView {
+  const T* data = nullptr;  // [rows][T][dim] (or [rows][dim] in frame mode)
+  uint64_t rows = 0, steps = 1, dim = 0;
+  const int32_t* lengths = nullptr;  // [rows], or nullptr in frame mode
+  const T* at(uint64_t row, uint64_t t) const { return data + (row * steps + t) * dim; }
+};
+
+template <typename T>
+struct CscView {
+  const void* colptr = nullptr;  // int32 or int64, [columns + 1]
+  bool colptr64 = false;
+  const int32_t* rowind = nullptr;
+  const T* values = nullptr;
+  uint64_t columns = 0, nnz = 0, dim = 0, steps = 1;
+  const int32_t* lengths = nullptr;
+  int64_t begin(uint64_t col) const {
+    return colptr64 ? static_cast<const int64_t*>(colptr)[col] : static_cast<const int32_t*>(colptr)[col];
+  }
+};
+
+class ReceivedBatch {
+ public:
+  const v1::BatchDescriptor& descriptor() const { return descriptor_; }
+  const BatchPlan& plan() const { return plan_; }
+  absl::Span<const std::byte> bytes() const { return {reinterpret_cast<const std::byte*>(bytes_.data()), bytes_.size()}; }
+  const std::string& cursor() const { return descriptor_.cursor(); }
+  uint64_t serial() const { return descriptor_.serial(); }
+  // Index of the stream called `name`, or -1.
+  int StreamIndex(const std::string& name) const;
+  // Typed views; T must match the batch's precision (float or double). Errors:
+  // InvalidArgument for a wrong stream index, format or element type.
+  template <typename T>
+  absl::StatusOr<DenseView<T>> Dense(size_t stream) const;
+  template <typename T>
+  absl::StatusOr<CscView<T>> Csc(size_t stream) const;
+
+ private:
+  friend class Subscription;
+  absl::Status Validate();
+  v1::BatchDescriptor descriptor_;
+  BatchPlan plan_;
+  std::string bytes_;
+};
+
+struct SubscribeOptions {
+  bool reconnect = true;  // resume from the last cursor when the stream breaks (UNAVAILABLE)
+  int max_reconnects = 5;
+};
+
+class Subscription {
+ public:
+  ~Subscription();
+  // The next batch into `out` (acknowledging the one before it); false after the end of the
+  // stream. Errors: the stream's status (NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS, ...), or
+  // UNAVAILABLE once reconnecting has failed.
+  absl::StatusOr<bool> Next(ReceivedBatch* out);
+  // The cursor of the last batch handed out (empty before the first).
+  const std::string& last_cursor() const { return last_cursor_; }
+  // Ends the call; the daemon releases everything the subscription held.
+  void Cancel();
+
+ private:
+  friend class Client;
+  Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options);
+  absl::Status Open();
+  absl::StatusOr<bool> Receive(ReceivedBatch* out);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Loader::Stub> stub_;
+  v1::Subscribe request_;
+  const SubscribeOptions options_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
+  bool has_unacked_ = false;
+  uint64_t unacked_serial_ = 0;
+  std::string last_cursor_;
+  int reconnects_ = 0;
+  bool ended_ = false;
+};
+
+class Client {
+ public:
+  // `address`: "host:port" or "unix:/path". Does not connect until the first call.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address);
+  absl::StatusOr<std::vector<std::string>> ListDatasets();
+  absl::StatusOr<v1::DatasetDescription> Describe(const std::string& dataset);
+  // Starts a stream. Errors from the daemon come from the first Next().
+  absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(const v1::Subscribe& request,
+                                                          const SubscribeOptions& options = {});
+
+ private:
+  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Loader::Stub> stub_;
+};
+
+// grpc::Status -> absl::Status.
+absl::Status FromGrpc(const grpc::Status& status);
+
+}  // namespace conveyor

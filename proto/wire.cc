@@ -1,0 +1,197 @@
+#include "proto/wire.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+
+v1::Format ToProto(StreamFormat f) {
+  switch (f) {
+    case StreamFormat::kDense:
+      return v1::FORMAT_DENSE;
+    case StreamFormat::kSparse:
+      return v1::FORMAT_SPARSE;
+    case StreamFormat::kIds:
+      return v1::FORMAT_IDS;
+  }
+  return v1::FORMAT_DENSE;
+}
+
+v1::DType ToProto(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat64:
+      return v1::DTYPE_FLOAT64;
+    case DType::kInt32:
+      return v1::DTYPE_INT32;
+    case DType::kInt64:
+      return v1::DTYPE_INT64;
+    case DType::kUInt8:
+      return v1::DTYPE_UINT8;
+  }
+  return v1::DTYPE_FLOAT32;
+}
+
+namespace {
+
+void ArrayToProto(const ArrayDesc& a, v1::ArrayRef* out) {
+  if (!a.present()) return;
+  out->set_dtype(ToProto(a.dtype));
+  out->set_offset(a.offset);
+  out->set_bytes(a.bytes);
+  for (uint64_t d : a.shape) out->add_shape(d);
+}
+
+absl::StatusOr<ArrayDesc> ArrayFromProto(const v1::ArrayRef& a, uint64_t total, const std::string& what) {
+  ArrayDesc out;
+  if (a.shape_size() == 0) return out;
+  switch (a.dtype()) {
+    case v1::DTYPE_FLOAT32:
+      out.dtype = DType::kFloat32;
+      break;
+    case v1::DTYPE_FLOAT64:
+      out.dtype = DType::kFloat64;
+      break;
+    case v1::DTYPE_INT32:
+      out.dtype = DType::kInt32;
+      break;
+    case v1::DTYPE_INT64:
+      out.dtype = DType::kInt64;
+      break;
+    case v1::DTYPE_UINT8:
+      out.dtype = DType::kUInt8;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
+  }
+  unsigned __int128 n = DTypeSize(out.dtype);
+  for (uint64_t d : a.shape()) {
+    out.shape.push_back(d);
+    n *= d;
+    if (n > total) break;
+  }
+  out.offset = a.offset();
+  out.bytes = a.bytes();
+  if (n != a.bytes() || a.offset() > total || a.bytes() > total - a.offset()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " does not fit the batch (offset ", a.offset(), ", ",
+                                                   a.bytes(), " bytes, batch ", total, " bytes)"));
+  }
+  return out;
+}
+
+}  // namespace
+
+void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
+  out->set_total_bytes(plan.total_bytes);
+  out->set_rows(plan.shape.rows);
+  out->set_steps(plan.shape.steps);
+  out->set_frame_mode(plan.shape.frame_mode);
+  out->set_precision(plan.precision == Precision::kFloat ? v1::PRECISION_FLOAT : v1::PRECISION_DOUBLE);
+  out->set_samples(plan.num_samples);
+  ArrayToProto(plan.mask, out->mutable_mask());
+  ArrayToProto(plan.flags, out->mutable_flags());
+  for (const StreamLayout& L : plan.streams) {
+    v1::StreamBatch* s = out->add_streams();
+    s->set_name(L.name);
+    s->set_format(ToProto(L.format));
+    s->set_dim(L.dim);
+    s->set_sequence_axis(L.sequence_axis);
+    s->set_max_length(L.max_length);
+    s->set_nnz(L.nnz);
+    ArrayToProto(L.lengths, s->mutable_lengths());
+    ArrayToProto(L.values, s->mutable_values());
+    ArrayToProto(L.colptr, s->mutable_colptr());
+    ArrayToProto(L.rowind, s->mutable_rowind());
+    s->set_layout(L.format == StreamFormat::kSparse ? v1::LAYOUT_CSC : v1::LAYOUT_NATIVE);
+  }
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PlacedPiece& p = plan.pieces[i];
+    v1::Piece* q = out->add_pieces();
+    q->set_key(p.key);
+    q->set_frame(p.frame);
+    q->set_row(p.row);
+    q->set_t0(p.t0);
+    q->set_sample_begin(p.sample_begin);
+    q->set_truncated(p.truncated);
+    for (size_t s = 0; s < plan.num_streams; ++s) q->add_counts(plan.count(i, s));
+  }
+}
+
+absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
+  BatchPlan plan;
+  const uint64_t total = d.total_bytes();
+  plan.total_bytes = total;
+  plan.shape.rows = d.rows();
+  plan.shape.steps = d.steps();
+  plan.shape.frame_mode = d.frame_mode();
+  plan.precision = d.precision() == v1::PRECISION_DOUBLE ? Precision::kDouble : Precision::kFloat;
+  plan.num_samples = d.samples();
+  plan.num_sequences = d.pieces_size();
+  auto mask = ArrayFromProto(d.mask(), total, "mask");
+  if (!mask.ok()) return mask.status();
+  plan.mask = *mask;
+  auto flags = ArrayFromProto(d.flags(), total, "flags");
+  if (!flags.ok()) return flags.status();
+  plan.flags = *flags;
+  const size_t value_size = plan.precision == Precision::kFloat ? 4 : 8;
+  for (const v1::StreamBatch& s : d.streams()) {
+    StreamLayout L;
+    L.name = s.name();
+    L.format = s.format() == v1::FORMAT_SPARSE ? StreamFormat::kSparse
+                                               : (s.format() == v1::FORMAT_IDS ? StreamFormat::kIds : StreamFormat::kDense);
+    L.dim = s.dim();
+    L.sequence_axis = s.sequence_axis();
+    L.max_length = s.max_length();
+    L.nnz = s.nnz();
+    for (auto [src, dst, what] : {std::make_tuple(&s.lengths(), &L.lengths, "lengths"),
+                                  std::make_tuple(&s.values(), &L.values, "values"),
+                                  std::make_tuple(&s.colptr(), &L.colptr, "colptr"),
+                                  std::make_tuple(&s.rowind(), &L.rowind, "rowind")}) {
+      auto a = ArrayFromProto(*src, total, absl::StrCat("stream '", L.name, "' ", what));
+      if (!a.ok()) return a.status();
+      *dst = *a;
+    }
+    // The arrays must have the shapes the layout implies, so that readers index safely.
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    const uint64_t rows = plan.shape.rows;
+    if (L.format == StreamFormat::kDense) {
+      if (L.values.bytes != rows * T * L.dim * value_size) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': values do not match rows x T x dim"));
+      }
+    } else {
+      const size_t ptr = L.colptr.dtype == DType::kInt64 ? 8 : 4;
+      if (L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != L.nnz * 4 || L.values.bytes != L.nnz * value_size) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': CSC arrays do not match the batch"));
+      }
+    }
+    if (L.sequence_axis && L.lengths.bytes != rows * 4) {
+      return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': lengths do not match the rows"));
+    }
+    plan.streams.push_back(std::move(L));
+  }
+  plan.num_streams = plan.streams.size();
+  for (const v1::Piece& q : d.pieces()) {
+    if (static_cast<size_t>(q.counts_size()) != plan.num_streams || q.row() >= plan.shape.rows) {
+      return absl::InvalidArgumentError("a piece does not match the batch's streams or rows");
+    }
+    PlacedPiece p;
+    p.key = q.key();
+    p.frame = q.frame();
+    p.row = q.row();
+    p.t0 = q.t0();
+    p.sample_begin = q.sample_begin();
+    p.truncated = q.truncated();
+    for (size_t s = 0; s < plan.num_streams; ++s) {
+      const uint32_t c = q.counts(static_cast<int>(s));
+      const StreamLayout& L = plan.streams[s];
+      const uint64_t T = L.sequence_axis ? L.max_length : 1;
+      if (uint64_t{q.t0()} + c > T) return absl::InvalidArgumentError("a piece runs past its row");
+      p.longest = std::max(p.longest, c);
+      plan.counts.push_back(c);
+    }
+    plan.pieces.push_back(std::move(p));
+  }
+  return plan;
+}
+
+}  // namespace conveyor

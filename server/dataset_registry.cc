@@ -1,0 +1,36 @@
+#include "server/dataset_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace conveyor {
+
+absl::StatusOr<std::unique_ptr<DatasetRegistry>> DatasetRegistry::Open(const Config& config, int index_threads) {
+  auto r = std::unique_ptr<DatasetRegistry>(new DatasetRegistry());
+  for (const DatasetConfig& dc : config.datasets) {
+    DatasetOpenOptions o;
+    o.index_threads = index_threads;
+    auto ds = Dataset::Open(dc, o);
+    if (!ds.ok()) {
+      return absl::Status(ds.status().code(), absl::StrCat("dataset '", dc.name, "': ", ds.status().message()));
+    }
+    r->datasets_[dc.name] = std::shared_ptr<const Dataset>(std::move(*ds));
+  }
+  return r;
+}
+
+std::vector<std::string> DatasetRegistry::Names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, ds] : datasets_) out.push_back(name);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const Dataset>> DatasetRegistry::Find(const std::string& name) const {
+  auto it = datasets_.find(name);
+  if (it == datasets_.end()) {
+    return absl::NotFoundError(absl::StrCat("no dataset '", name.substr(0, 64), "' (served: ", absl::StrJoin(Names(), ", "), ")"));
+  }
+  return it->second;
+}
+
+}  // namespace conveyor

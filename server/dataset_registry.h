@@ -1,0 +1,29 @@
+// dataset_registry.h: the datasets a daemon serves, opened (indexed) once at startup and
+// shared by every subscription. Clients name datasets; nothing a client sends is a path.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/config/dataset_config.h"
+#include "common/dataset/dataset.h"
+
+namespace conveyor {
+
+class DatasetRegistry {
+ public:
+  // Opens every dataset of `config`. Errors: the first dataset that fails to open.
+  static absl::StatusOr<std::unique_ptr<DatasetRegistry>> Open(const Config& config, int index_threads);
+
+  std::vector<std::string> Names() const;
+  // NotFound (listing the served names) for an unknown dataset.
+  absl::StatusOr<std::shared_ptr<const Dataset>> Find(const std::string& name) const;
+
+ private:
+  std::map<std::string, std::shared_ptr<const Dataset>> datasets_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,351 @@
+#include "server/loader_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire.h"
+#include "server/status_convert.h"
+
+namespace conveyor {
+namespace {
+
+constexpr size_t kMaxName = 256;
+constexpr size_t kMaxCursor = 4096;
+
+}  // namespace
+
+// ------------------------------------------------------------------ StreamReactor
+
+StreamReactor::StreamReactor(LoaderService* service) : service_(service) { StartRead(&request_); }
+
+void StreamReactor::Refuse(const grpc::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  producer_done_ = true;
+  FinishLocked(status);
+}
+
+void StreamReactor::FinishLocked(const grpc::Status& status) {
+  if (finish_called_) return;
+  final_status_ = status;
+  if (writing_) return;  // OnWriteDone finishes
+  finish_called_ = true;
+  Finish(status);
+}
+
+absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
+  if (s.dataset().size() > kMaxName) return absl::InvalidArgumentError("dataset name longer than 256 bytes");
+  if (s.resume_cursor().size() > kMaxCursor) return absl::InvalidArgumentError("resume cursor longer than 4096 bytes");
+  if (s.initial_credits() > service_->options_.max_credits) {
+    return absl::InvalidArgumentError(absl::StrCat("initial_credits must be at most ", service_->options_.max_credits));
+  }
+  if (s.transport() != v1::TRANSPORT_INLINE) {
+    return absl::InvalidArgumentError("only TRANSPORT_INLINE is served by this daemon version");
+  }
+  auto ds = service_->registry_->Find(s.dataset());
+  if (!ds.ok()) return ds.status();
+  dataset_ = *ds;
+  for (const auto& [name, layout] : s.layouts()) {
+    bool known = false;
+    for (const StreamConfig& sc : dataset_->streams()) known = known || sc.name == name;
+    if (!known) return absl::InvalidArgumentError(absl::StrCat("layouts names no stream '", name.substr(0, 64), "'"));
+    if (layout != v1::LAYOUT_NATIVE && layout != v1::LAYOUT_CSC) {
+      return absl::InvalidArgumentError("only native/CSC layouts are served by this daemon version");
+    }
+  }
+  StreamRequest r;
+  if (s.has_randomize()) r.randomize = s.randomize();
+  if (s.has_seed()) r.seed = s.seed();
+  r.minibatch_size = s.minibatch_size();
+  r.epochs = s.epochs() == 0 ? 1 : s.epochs();
+  if (s.has_epoch_size()) r.epoch_size = s.epoch_size();
+  if (s.has_rank()) r.rank = s.rank();
+  if (s.has_world()) r.world = s.world();
+  if (s.has_frame_mode()) r.frame_mode = s.frame_mode();
+  if (s.minibatch_mode() == v1::MINIBATCH_MODE_FULL) r.full_minibatches = true;
+  if (s.minibatch_mode() == v1::MINIBATCH_MODE_PARTIAL) r.full_minibatches = false;
+  if (s.parallel() > 0 && s.truncation() == 0) return absl::InvalidArgumentError("parallel needs truncation");
+  if (s.truncation() > (1u << 20)) return absl::InvalidArgumentError("truncation must be at most 2^20");
+  r.truncation = s.truncation();
+  r.parallel = s.parallel();
+  r.resume = s.resume_cursor();
+  r.threads = service_->options_.parser_threads_per_stream;
+  auto resolved = ResolveStream(*dataset_, r);
+  if (!resolved.ok()) return resolved.status();
+  resolved_ = std::move(*resolved);
+  assembler_ = MakeCpuAssembler();
+  auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
+  if (!loader.ok()) return loader.status();
+  loader_ = std::move(*loader);
+  credits_ = s.initial_credits() == 0 ? service_->options_.default_credits : s.initial_credits();
+  return absl::OkStatus();
+}
+
+void StreamReactor::OnReadDone(bool ok) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ok) {  // the client closed its side (or the call ended)
+    if (!subscribed_) {
+      producer_done_ = true;
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream closed before a subscribe message"));
+    }
+    return;
+  }
+  if (finish_called_ || !final_status_.ok()) return;
+  if (!subscribed_) {
+    if (!request_.has_subscribe()) {
+      producer_done_ = true;
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message must be a subscribe"));
+      return;
+    }
+    absl::Status st = Subscribe(request_.subscribe());
+    if (!st.ok()) {
+      producer_done_ = true;
+      FinishLocked(ToGrpc(st));
+      return;
+    }
+    subscribed_ = true;
+    producer_ = std::thread([this] { Produce(); });
+  } else if (request_.has_ack()) {
+    if (outstanding_.erase(request_.ack().serial()) == 0) {
+      stop_ = true;
+      cv_.notify_all();
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                absl::StrCat("ack for batch ", request_.ack().serial(), ", which is not outstanding")));
+      return;
+    }
+    ++credits_;
+    cv_.notify_all();
+  } else {
+    stop_ = true;
+    cv_.notify_all();
+    FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected an ack after the subscribe"));
+    return;
+  }
+  lock.unlock();
+  StartRead(&request_);
+}
+
+void StreamReactor::Produce() {
+  Batch batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
+      if (stop_) break;
+    }
+    auto more = loader_->Next(&batch);
+    if (!more.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_status_ = ToGrpc(more.status());
+      break;
+    }
+    if (!*more) {
+      v1::StreamResponse end;
+      std::lock_guard<std::mutex> lock(mu_);
+      end.mutable_end()->set_cursor(last_cursor_);
+      end.mutable_end()->set_batches(next_serial_);
+      queue_.push_back(std::move(end));
+      break;
+    }
+    // Descriptor plus the bytes, split into parts that fit a message.
+    std::vector<v1::StreamResponse> messages;
+    const uint64_t serial = next_serial_;
+    const std::string cursor = resolved_.Encode(batch.after);
+    const uint64_t part = service_->options_.inline_part_bytes;
+    const uint64_t total = batch.plan.total_bytes;
+    const uint32_t parts = static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part));
+    v1::StreamResponse first;
+    v1::BatchDescriptor* d = first.mutable_batch();
+    d->set_serial(serial);
+    d->set_epoch(batch.epoch);
+    d->set_batch(batch.index);
+    d->set_end_of_epoch(batch.end_of_epoch);
+    d->set_end_of_sweep(batch.end_of_sweep);
+    d->set_cursor(cursor);
+    d->set_parts(parts);
+    PlanToDescriptor(batch.plan, d);
+    const char* bytes = reinterpret_cast<const char*>(batch.bytes.data());
+    d->mutable_payload()->set_offset(0);
+    d->mutable_payload()->set_data(bytes, std::min(part, total));
+    messages.push_back(std::move(first));
+    for (uint64_t off = part; off < total; off += part) {
+      v1::StreamResponse more_msg;
+      more_msg.mutable_more()->set_serial(serial);
+      more_msg.mutable_more()->mutable_payload()->set_offset(off);
+      more_msg.mutable_more()->mutable_payload()->set_data(bytes + off, std::min(part, total - off));
+      messages.push_back(std::move(more_msg));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !draining_) break;  // cancelled while making it
+    --credits_;
+    ++next_serial_;
+    outstanding_.insert(serial);
+    last_cursor_ = cursor;
+    for (auto& m : messages) queue_.push_back(std::move(m));
+    Pump();
+    if (draining_) break;  // the batch in flight is finished; no more
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  producer_done_ = true;
+  if (draining_ && final_status_.ok()) {
+    final_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 absl::StrCat("conveyord is shutting down; resume with cursor ", last_cursor_));
+  }
+  Pump();
+}
+
+void StreamReactor::Pump() {
+  if (finish_called_ || writing_) return;
+  if (!queue_.empty()) {
+    current_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(&current_);
+    return;
+  }
+  if (producer_done_) {
+    finish_called_ = true;
+    Finish(final_status_);
+  }
+}
+
+void StreamReactor::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writing_ = false;
+  if (!ok) {  // the client went away
+    stop_ = true;
+    cv_.notify_all();
+    queue_.clear();
+    if (!finish_called_) {
+      finish_called_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading"));
+    }
+    return;
+  }
+  if (!final_status_.ok() && !finish_called_ && (stop_ || producer_done_) && !draining_) {
+    // An error while a write was in flight: finish now.
+    queue_.clear();
+    finish_called_ = true;
+    Finish(final_status_);
+    return;
+  }
+  Pump();
+}
+
+void StreamReactor::OnCancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  cv_.notify_all();
+  queue_.clear();
+  if (!finish_called_ && !writing_) {
+    finish_called_ = true;
+    Finish(grpc::Status::CANCELLED);
+  } else if (!finish_called_) {
+    final_status_ = grpc::Status::CANCELLED;
+  }
+}
+
+void StreamReactor::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  stop_ = true;
+  cv_.notify_all();
+  if (!subscribed_) {
+    producer_done_ = true;
+    final_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down");
+  }
+  Pump();
+}
+
+void StreamReactor::OnDone() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (producer_.joinable()) producer_.join();
+  loader_.reset();
+  service_->Unregister(this);
+  delete this;
+}
+
+// ------------------------------------------------------------------ LoaderService
+
+LoaderService::LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceOptions options)
+    : registry_(std::move(registry)), options_(options) {}
+
+grpc::ServerUnaryReactor* LoaderService::ListDatasets(grpc::CallbackServerContext* ctx,
+                                                      const v1::ListDatasetsRequest*,
+                                                      v1::ListDatasetsResponse* resp) {
+  for (const std::string& n : registry_->Names()) resp->add_datasets(n);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerContext* ctx,
+                                                         const v1::DescribeDatasetRequest* req,
+                                                         v1::DatasetDescription* resp) {
+  auto* r = ctx->DefaultReactor();
+  if (req->dataset().size() > kMaxName) {
+    r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "dataset name longer than 256 bytes"));
+    return r;
+  }
+  auto ds = registry_->Find(req->dataset());
+  if (!ds.ok()) {
+    r->Finish(ToGrpc(ds.status()));
+    return r;
+  }
+  const Dataset& d = **ds;
+  const DatasetConfig& c = d.config();
+  resp->set_name(c.name);
+  for (const StreamConfig& s : d.streams()) {
+    v1::StreamInfo* si = resp->add_streams();
+    si->set_name(s.name);
+    si->set_alias(s.alias);
+    si->set_format(ToProto(s.format));
+    si->set_dim(s.dim);
+    si->set_defines_minibatch_size(s.defines_mb_size);
+  }
+  for (const auto& dz : c.deserializers) resp->add_deserializers(dz.type);
+  resp->set_precision(c.precision == Precision::kFloat ? v1::PRECISION_FLOAT : v1::PRECISION_DOUBLE);
+  resp->set_chunks(d.index().chunks.size());
+  resp->set_sequences(d.index().sequences.size());
+  resp->set_samples(d.index().total_samples);
+  resp->set_randomize(c.randomize);
+  resp->set_randomization_window(c.randomization_window.value_or(DefaultRandomizationWindow(
+      d.index(), c.deserializers[0].chunk_size_in_bytes, c.sample_based_randomization_window)));
+  resp->set_frame_mode(c.frame_mode);
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* LoaderService::Stream(grpc::CallbackServerContext*) {
+  auto* r = new StreamReactor(this);
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_.insert(r);
+  if (draining_) {
+    r->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down"));
+  } else if (streams_.size() > options_.max_subscriptions) {
+    r->Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                           absl::StrCat("more than ", options_.max_subscriptions, " subscriptions")));
+  }
+  return r;
+}
+
+void LoaderService::Unregister(StreamReactor* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_.erase(r);
+}
+
+void LoaderService::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  for (StreamReactor* r : streams_) r->Drain();
+}
+
+size_t LoaderService::active_streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return streams_.size();
+}
+
+}  // namespace conveyor

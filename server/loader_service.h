@@ -1,0 +1,107 @@
+// loader_service.h: conveyor.v1.Loader on gRPC's callback API. Unary calls answer from the
+// registry; each Stream call gets a StreamReactor that owns its subscription: a Loader
+// (planner, parser threads, assembler) run by one producer thread that stops whenever the
+// subscriber has no credit, so a slow subscriber never grows the daemon's memory and never
+// slows the others. Reactions never block: they only move messages between a bounded queue
+// and the one write in flight.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/batch/assembler.h"
+#include "common/sampling/loader.h"
+#include "common/sampling/stream_request.h"
+#include "conveyor/v1/conveyor.grpc.pb.h"
+#include "server/dataset_registry.h"
+
+namespace conveyor {
+
+struct ServiceOptions {
+  uint64_t inline_part_bytes = 1u << 20;  // bytes of a batch per message
+  uint32_t default_credits = 4;
+  uint32_t max_credits = 64;
+  int parser_threads_per_stream = 2;
+  size_t max_subscriptions = 256;
+};
+
+class LoaderService;
+
+class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+ public:
+  explicit StreamReactor(LoaderService* service);
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+  // The daemon drains: finish the batch being made, flush, then end with UNAVAILABLE and
+  // the last cursor.
+  void Drain();
+  // Finishes right away with `status` (used before any subscription exists).
+  void Refuse(const grpc::Status& status);
+
+ private:
+  absl::Status Subscribe(const v1::Subscribe& s);
+  void Produce();
+  void Enqueue(std::vector<v1::StreamResponse> messages);
+  // Starts the next write, or finishes when everything is sent. mu_ held.
+  void Pump();
+  void FinishLocked(const grpc::Status& status);
+
+  LoaderService* const service_;
+  v1::StreamRequest request_;
+  v1::StreamResponse current_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::StreamResponse> queue_;
+  bool subscribed_ = false;
+  bool writing_ = false;
+  bool finish_called_ = false;
+  bool producer_done_ = false;
+  bool stop_ = false;      // no more batches (cancel, error, drain)
+  bool draining_ = false;
+  uint32_t credits_ = 0;
+  std::set<uint64_t> outstanding_;
+  uint64_t next_serial_ = 0;
+  std::string last_cursor_;
+  grpc::Status final_status_;
+  std::shared_ptr<const Dataset> dataset_;
+  ResolvedStream resolved_;
+  std::unique_ptr<BatchAssembler> assembler_;
+  std::unique_ptr<Loader> loader_;
+  std::thread producer_;
+};
+
+class LoaderService final : public v1::Loader::CallbackService {
+ public:
+  LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceOptions options);
+
+  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest* req,
+                                         v1::ListDatasetsResponse* resp) override;
+  grpc::ServerUnaryReactor* DescribeDataset(grpc::CallbackServerContext* ctx, const v1::DescribeDatasetRequest* req,
+                                            v1::DatasetDescription* resp) override;
+  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(grpc::CallbackServerContext* ctx) override;
+
+  // Stops new subscriptions and drains the open ones.
+  void Drain();
+  size_t active_streams() const;
+
+ private:
+  friend class StreamReactor;
+  void Unregister(StreamReactor* r);
+
+  const std::unique_ptr<DatasetRegistry> registry_;
+  const ServiceOptions options_;
+  mutable std::mutex mu_;
+  std::set<StreamReactor*> streams_;
+  bool draining_ = false;
+};
+
+}  // namespace conveyor

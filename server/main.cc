@@ -1,0 +1,124 @@
+// conveyord: the conveyor daemon. See `conveyord --help`.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config/config_loader.h"
+#include "common/malloc_tuning.h"
+#include "cuda/cuda_backend.h"
+#include "server/loader_service.h"
+
+namespace {
+
+std::string DefaultUnixSocket() {
+  const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime != nullptr && *runtime) return absl::StrCat(runtime, "/conveyord.sock");
+  return absl::StrCat("/tmp/conveyord-", ::getuid(), ".sock");
+}
+
+std::string ExamplesConfig() {
+  if (const char* dir = std::getenv("CONVEYOR_EXAMPLES")) return absl::StrCat(dir, "/conveyor.yaml");
+  return CONVEYOR_EXAMPLES_DIR "/conveyor.yaml";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  conveyor::TuneAllocatorForStreaming();
+  CLI::App app{
+      "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
+      "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
+      "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
+      "last cursor and UNAVAILABLE.",
+      "conveyord"};
+  std::string config_path, listen, unix_path, port_file;
+  bool no_unix = false;
+  conveyor::ServiceOptions options;
+  int index_threads = 0;
+  app.add_option("config", config_path, "Configuration file (YAML, JSON or a CNTK reader block)");
+  app.add_option("--listen", listen, "TCP address host:port (default: the config's listen, else 127.0.0.1:7070; port 0 picks one)");
+  app.add_option("--unix", unix_path, "Unix socket path (default $XDG_RUNTIME_DIR/conveyord.sock or /tmp/conveyord-UID.sock)");
+  app.add_flag("--no-unix", no_unix, "Do not listen on a unix socket");
+  app.add_option("--port-file", port_file, "Write the TCP port chosen to this file once listening");
+  app.add_option("--parser-threads", options.parser_threads_per_stream, "Parser threads per subscription (default 2)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--max-subscriptions", options.max_subscriptions, "Concurrent Stream calls allowed (default 256)");
+  app.add_option("--inline-part-bytes", options.inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
+  app.add_option("--index-threads", index_threads, "Threads for indexing at startup (default: all cores)");
+  CLI11_PARSE(app, argc, argv);
+
+  // Signals are taken by sigwait in main; every thread inherits the block.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (config_path.empty()) config_path = ExamplesConfig();
+  auto config = conveyor::LoadConfigFile(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "conveyord: %s\n", std::string(config->source.empty() ? config.status().message() : config.status().message()).c_str());
+    return 1;
+  }
+  for (const auto& w : config->warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+  auto registry = conveyor::DatasetRegistry::Open(*config, index_threads);
+  if (!registry.ok()) {
+    std::fprintf(stderr, "conveyord: %s\n", std::string(registry.status().message()).c_str());
+    return 1;
+  }
+  const std::vector<std::string> names = (*registry)->Names();
+  if (listen.empty()) listen = config->listen.empty() ? "127.0.0.1:7070" : config->listen;
+  if (unix_path.empty()) unix_path = DefaultUnixSocket();
+
+  conveyor::LoaderService service(std::move(*registry), options);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  if (!no_unix) {
+    struct stat st;
+    if (::lstat(unix_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(unix_path.c_str());  // stale
+    builder.AddListeningPort("unix:" + unix_path, grpc::InsecureServerCredentials());
+  }
+  builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    std::fprintf(stderr, "conveyord: cannot listen on %s%s\n", listen.c_str(),
+                 no_unix ? "" : (" or unix:" + unix_path).c_str());
+    return 1;
+  }
+  if (!no_unix) ::chmod(unix_path.c_str(), 0600);  // same-host clients of this user only
+  std::string note;
+  conveyor::SelectAssembler(false, 0, &note);
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  std::fprintf(stderr, "conveyord: serving %s on %s:%d%s; %s\n", absl::StrJoin(names, ", ").c_str(), host.c_str(), port,
+               no_unix ? "" : (" and unix:" + unix_path).c_str(), note.c_str());
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << port << "\n";
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "conveyord: %s: draining %zu stream(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               service.active_streams());
+  service.Drain();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  server->Wait();
+  if (!no_unix) ::unlink(unix_path.c_str());
+  std::fprintf(stderr, "conveyord: stopped\n");
+  return 0;
+}
