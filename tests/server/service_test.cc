@@ -1,0 +1,302 @@
+// conveyord's service against real gRPC servers on 127.0.0.1 port 0 and on a unix socket,
+// with the real C++ client: what a subscriber receives is what `conveyor dump` prints; ranks
+// split the data; credits bound a stalled subscriber; bad requests are refused.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "client/cpp/conveyor_client.h"
+#include "common/batch/dump_writer.h"
+#include "common/config/config_loader.h"
+#include "gtest/gtest.h"
+#include "server/loader_service.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+const std::string kExamples = std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml";
+
+class Daemon {
+ public:
+  explicit Daemon(ServiceOptions options = {}, const std::string& config_path = kExamples) {
+    auto config = LoadConfigFile(config_path);
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto registry = DatasetRegistry::Open(*config, 2);
+    EXPECT_TRUE(registry.ok()) << registry.status();
+    service_ = std::make_unique<LoaderService>(std::move(*registry), options);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    socket_ = dir_.path() + "/d.sock";
+    b.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    b.SetMaxReceiveMessageSize(1 << 20);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+  }
+  ~Daemon() {
+    service_->Drain();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+  std::string tcp() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string unix_socket() const { return "unix:" + socket_; }
+  LoaderService& service() { return *service_; }
+
+ private:
+  TempDir dir_;
+  std::unique_ptr<LoaderService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string socket_;
+};
+
+v1::Subscribe Sub(const std::string& dataset, uint64_t mb, bool randomize = true, uint64_t seed = 3) {
+  v1::Subscribe s;
+  s.set_dataset(dataset);
+  s.set_minibatch_size(mb);
+  s.set_randomize(randomize);
+  s.set_seed(seed);
+  return s;
+}
+
+// Everything a subscription delivers, in the dump format.
+absl::StatusOr<std::string> Drain(Subscription* sub, uint64_t max_batches = UINT64_MAX) {
+  std::string out;
+  ReceivedBatch b;
+  for (uint64_t n = 0; n < max_batches; ++n) {
+    auto more = sub->Next(&b);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &out);
+  }
+  return out;
+}
+
+std::string LocalDump(const std::string& dataset, uint64_t mb, const StreamRequest& extra = {}) {
+  auto config = LoadConfigFile(kExamples);
+  ReadOptions ro;
+  ro.minibatch_size = mb;
+  ro.cursors = true;
+  ro.request = extra;
+  if (!ro.request.randomize) ro.request.randomize = true;
+  if (!ro.request.seed) ro.request.seed = 3;
+  auto out = DumpDataset(*config->Find(dataset), ro);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? *out : "";
+}
+
+TEST(Service, ListsAndDescribesDatasets) {
+  Daemon d;
+  auto client = Client::Connect(d.tcp());
+  auto names = (*client)->ListDatasets();
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_EQ(*names, (std::vector<std::string>{"sequences", "simple", "sparse"}));
+  auto desc = (*client)->Describe("sparse");
+  ASSERT_TRUE(desc.ok());
+  EXPECT_EQ(desc->sequences(), 2000u);
+  ASSERT_EQ(desc->streams_size(), 2);
+  EXPECT_EQ(desc->streams(0).name(), "words");
+  EXPECT_EQ(desc->streams(0).alias(), "x");
+  EXPECT_EQ(desc->streams(0).format(), v1::FORMAT_SPARSE);
+  EXPECT_EQ(desc->streams(0).dim(), 5000u);
+  auto missing = (*client)->Describe("../etc/passwd");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Service, SubscribeDeliversWhatDumpPrintsOverTcpAndUnix) {
+  ServiceOptions o;
+  o.inline_part_bytes = 4096;  // several messages a batch: exercises reassembly
+  Daemon d(o);
+  const std::string expected = LocalDump("sparse", 128);
+  for (const std::string& address : {d.tcp(), d.unix_socket()}) {
+    auto client = Client::Connect(address);
+    auto sub = (*client)->Subscribe(Sub("sparse", 128));
+    auto got = Drain(sub->get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, expected) << address;
+  }
+}
+
+TEST(Service, SequencesAndTruncatedStreamsMatchDumpToo) {
+  Daemon d;
+  auto client = Client::Connect(d.tcp());
+  auto seq = (*client)->Subscribe(Sub("sequences", 40));
+  auto got = Drain(seq->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, LocalDump("sequences", 40));
+  v1::Subscribe t = Sub("sequences", 40);
+  t.set_truncation(5);
+  t.set_parallel(4);
+  auto bptt = (*client)->Subscribe(t);
+  auto tgot = Drain(bptt->get());
+  ASSERT_TRUE(tgot.ok()) << tgot.status();
+  StreamRequest extra;
+  extra.truncation = 5;
+  extra.parallel = 4;
+  EXPECT_EQ(*tgot, LocalDump("sequences", 40, extra));
+}
+
+std::multiset<std::string> Keys(const std::string& dump) {
+  std::multiset<std::string> keys;
+  std::istringstream in(dump);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("\"key\":\"");
+    if (at != std::string::npos) keys.insert(line.substr(at + 7, line.find('"', at + 7) - at - 7));
+  }
+  return keys;
+}
+
+TEST(Service, SixteenConcurrentRanksAreDisjointAndComplete) {
+  Daemon d;
+  std::vector<std::string> outs(16);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (uint32_t r = 0; r < 16; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = Client::Connect(r % 2 ? d.tcp() : d.unix_socket());
+      v1::Subscribe s = Sub("sparse", 100);
+      s.set_rank(r);
+      s.set_world(16);
+      auto sub = (*client)->Subscribe(s);
+      auto got = Drain(sub->get());
+      if (!got.ok()) ++failures;
+      else outs[r] = *got;
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  std::multiset<std::string> all;
+  for (const auto& o : outs) {
+    auto k = Keys(o);
+    all.insert(k.begin(), k.end());
+  }
+  EXPECT_EQ(all.size(), 2000u);
+  EXPECT_EQ(std::set<std::string>(all.begin(), all.end()).size(), 2000u);
+}
+
+TEST(Service, AStalledSubscriberDoesNotHoldUpOthers) {
+  Daemon d;
+  auto client = Client::Connect(d.tcp());
+  // The stalled one takes one batch and never asks for (or acks) another.
+  v1::Subscribe stalled = Sub("sparse", 10);
+  stalled.set_initial_credits(1);
+  stalled.set_epochs(1000);
+  auto slow = (*client)->Subscribe(stalled);
+  ReceivedBatch first;
+  ASSERT_TRUE(*(*slow)->Next(&first));
+  const auto t0 = std::chrono::steady_clock::now();
+  v1::Subscribe fast = Sub("sparse", 200);
+  fast.set_epochs(20);
+  auto other = (*client)->Subscribe(fast);
+  auto got = Drain(other->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Keys(*got).size(), 40000u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ(d.service().active_streams(), 1u);  // the stalled one, still open and bounded
+}
+
+// Sends raw requests (no client library) to check what the daemon refuses.
+grpc::Status RawStream(const std::string& address, const std::vector<v1::StreamRequest>& requests) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::Loader::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub->Stream(&ctx);
+  for (const auto& r : requests) stream->Write(r);
+  v1::StreamResponse resp;
+  while (stream->Read(&resp)) {
+    if (resp.has_end()) break;
+  }
+  stream->WritesDone();
+  return stream->Finish();
+}
+
+v1::StreamRequest SubscribeRequest(const v1::Subscribe& s) {
+  v1::StreamRequest r;
+  *r.mutable_subscribe() = s;
+  return r;
+}
+
+TEST(Service, RefusesMalformedRequests) {
+  Daemon d;
+  v1::StreamRequest ack;
+  ack.mutable_ack()->set_serial(0);
+  EXPECT_EQ(RawStream(d.tcp(), {ack}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  auto code = [&](v1::Subscribe s) { return RawStream(d.tcp(), {SubscribeRequest(s)}); };
+  EXPECT_EQ(code(Sub("sparse", 0)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(Sub("sparse", 1u << 30)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(Sub("nope", 10)).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(code(Sub(std::string(300, 'x'), 10)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Subscribe credits = Sub("sparse", 10);
+  credits.set_initial_credits(1000);
+  EXPECT_EQ(code(credits).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Subscribe rank = Sub("sparse", 10);
+  rank.set_rank(5);
+  rank.set_world(2);
+  EXPECT_EQ(code(rank).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Subscribe layout = Sub("sparse", 10);
+  (*layout.mutable_layouts())["nope"] = v1::LAYOUT_CSC;
+  EXPECT_EQ(code(layout).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Subscribe cursor = Sub("sparse", 10);
+  cursor.set_resume_cursor("cv1.garbage");
+  grpc::Status bad_cursor = code(cursor);
+  EXPECT_EQ(bad_cursor.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_cursor.error_message().find("cursor is not valid"), std::string::npos);
+  v1::Subscribe huge = Sub("sparse", 10);
+  huge.set_resume_cursor(std::string(2 << 20, 'a'));  // over the transport's limit
+  EXPECT_EQ(code(huge).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // An ack for a batch never sent.
+  v1::StreamRequest bogus;
+  bogus.mutable_ack()->set_serial(12345);
+  EXPECT_EQ(RawStream(d.tcp(), {SubscribeRequest(Sub("sparse", 10)), bogus}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(Service, ResumeFromACursorContinuesExactly) {
+  Daemon d;
+  auto client = Client::Connect(d.tcp());
+  const std::string full = LocalDump("sparse", 64);
+  auto sub = (*client)->Subscribe(Sub("sparse", 64));
+  auto head = Drain(sub->get(), 7);
+  ASSERT_TRUE(head.ok());
+  const std::string cursor = (*sub)->last_cursor();
+  (*sub)->Cancel();
+  v1::Subscribe s = Sub("sparse", 64);
+  s.set_resume_cursor(cursor);
+  auto rest_sub = (*client)->Subscribe(s);
+  auto rest = Drain(rest_sub->get());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(*head + *rest, full);
+}
+
+TEST(Service, DrainEndsStreamsWithTheirLastCursor) {
+  auto d = std::make_unique<Daemon>();
+  auto client = Client::Connect(d->tcp());
+  v1::Subscribe s = Sub("sparse", 10);
+  s.set_epochs(100);
+  SubscribeOptions no_reconnect;
+  no_reconnect.reconnect = false;
+  auto sub = (*client)->Subscribe(s, no_reconnect);
+  ReceivedBatch b;
+  ASSERT_TRUE(*(*sub)->Next(&b));
+  d->service().Drain();
+  absl::Status end;
+  while (true) {
+    auto more = (*sub)->Next(&b);
+    if (!more.ok()) {
+      end = more.status();
+      break;
+    }
+    ASSERT_TRUE(*more);
+  }
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(end.message().find("resume with cursor " + (*sub)->last_cursor()), std::string::npos) << end;
+}
+
+}  // namespace
+}  // namespace conveyor::testing
