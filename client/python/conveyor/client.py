@@ -1,0 +1,238 @@
+"""The conveyor client: connect, subscribe, iterate batches as numpy views."""
+
+import queue
+import threading
+
+import grpc
+import numpy as np
+
+from conveyor.v1 import conveyor_pb2 as pb
+from conveyor.v1 import conveyor_pb2_grpc as pb_grpc
+
+_DTYPES = {
+    pb.DTYPE_FLOAT32: np.float32,
+    pb.DTYPE_FLOAT64: np.float64,
+    pb.DTYPE_INT32: np.int32,
+    pb.DTYPE_INT64: np.int64,
+    pb.DTYPE_UINT8: np.uint8,
+}
+
+
+class ConveyorError(RuntimeError):
+    """A stream or call failed; `code` is the gRPC status code, `cursor` the last one received."""
+
+    def __init__(self, code, message, cursor=""):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.cursor = cursor
+
+
+class Batch:
+    """One minibatch. Arrays are views into one writable buffer (no copy); they stay valid as
+    long as the Batch object lives."""
+
+    def __init__(self, descriptor, buffer):
+        self.descriptor = descriptor
+        self.buffer = buffer  # bytearray of descriptor.total_bytes
+        self._streams = {s.name: s for s in descriptor.streams}
+
+    epoch = property(lambda self: self.descriptor.epoch)
+    index = property(lambda self: self.descriptor.batch)
+    cursor = property(lambda self: self.descriptor.cursor)
+    rows = property(lambda self: self.descriptor.rows)
+    samples = property(lambda self: self.descriptor.samples)
+    end_of_epoch = property(lambda self: self.descriptor.end_of_epoch)
+
+    @property
+    def stream_names(self):
+        return list(self._streams)
+
+    def keys(self):
+        """The sequence keys, one per piece (row order as the daemon placed them)."""
+        return [p.key for p in self.descriptor.pieces]
+
+    def _array(self, ref):
+        if len(ref.shape) == 0:
+            return None
+        dtype = _DTYPES[ref.dtype]
+        count = 1
+        for d in ref.shape:
+            count *= d
+        end = ref.offset + count * np.dtype(dtype).itemsize
+        if end > len(self.buffer) or end - ref.offset != ref.bytes:
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "an array lies outside the batch")
+        return np.frombuffer(self.buffer, dtype=dtype, count=count, offset=ref.offset).reshape(tuple(ref.shape))
+
+    def _stream(self, name):
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise KeyError(f"no stream {name!r} in this batch (streams: {', '.join(self._streams)})") from None
+
+    def dense(self, name):
+        """Dense values: [rows, T, dim] (sequence mode) or [rows, dim] (frame mode)."""
+        s = self._stream(name)
+        if s.format != pb.FORMAT_DENSE:
+            raise ValueError(f"stream {name!r} is not dense (use csc())")
+        return self._array(s.values)
+
+    def lengths(self, name):
+        """int32[rows]: valid steps per row (None in frame mode)."""
+        return self._array(self._stream(name).lengths)
+
+    def csc(self, name):
+        """Sparse CSC, one column per (row, step): (colptr, rowind, values, (dim, columns))."""
+        s = self._stream(name)
+        if s.format != pb.FORMAT_SPARSE:
+            raise ValueError(f"stream {name!r} is not sparse (use dense())")
+        colptr = self._array(s.colptr)
+        rowind = self._array(s.rowind)
+        values = self._array(s.values)
+        columns = len(colptr) - 1
+        if colptr[0] != 0 or colptr[-1] != len(values) or (np.diff(colptr) < 0).any():
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "bad CSC column pointers")
+        if len(rowind) and (rowind.min() < 0 or rowind.max() >= s.dim):
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "row index out of range")
+        return colptr, rowind, values, (s.dim, columns)
+
+    def mask(self):
+        """Truncated BPTT: uint8[rows, T] (1 valid) and flags (bit 0 begin, bit 1 end), else None."""
+        return self._array(self.descriptor.mask), self._array(self.descriptor.flags)
+
+
+class Subscription:
+    """An iterator of Batch. Each batch is acknowledged when the next one is asked for."""
+
+    def __init__(self, stub, subscribe, reconnect=True, max_reconnects=5):
+        self._stub = stub
+        self._subscribe = subscribe
+        self._reconnect = reconnect
+        self._max_reconnects = max_reconnects
+        self._cursor = subscribe.resume_cursor
+        self._requests = None
+        self._responses = None
+        self._pending_ack = None
+        self._done = False
+        self._reconnects = 0
+
+    @property
+    def cursor(self):
+        """The cursor of the last batch handed out ('' before the first)."""
+        return self._cursor
+
+    def _open(self):
+        self._requests = queue.Queue()
+        first = pb.StreamRequest()
+        first.subscribe.CopyFrom(self._subscribe)
+        if self._cursor:
+            first.subscribe.resume_cursor = self._cursor
+        self._requests.put(first)
+
+        def requests(q=self._requests):
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                yield item
+
+        self._responses = self._stub.Stream(requests())
+        self._pending_ack = None
+
+    def close(self):
+        if self._requests is not None:
+            self._requests.put(None)
+        if self._responses is not None:
+            self._responses.cancel()
+        self._responses = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            if self._done:
+                raise StopIteration
+            try:
+                if self._responses is None:
+                    self._open()
+                if self._pending_ack is not None:
+                    ack = pb.StreamRequest()
+                    ack.ack.serial = self._pending_ack
+                    self._requests.put(ack)
+                    self._pending_ack = None
+                batch = self._receive()
+                self._reconnects = 0
+                return batch
+            except grpc.RpcError as e:
+                code = e.code()
+                self.close()
+                if code == grpc.StatusCode.UNAVAILABLE and self._reconnect and self._reconnects < self._max_reconnects:
+                    self._reconnects += 1
+                    continue
+                raise ConveyorError(code, e.details(), self._cursor) from None
+
+    def _receive(self):
+        msg = next(self._responses, None)
+        if msg is None:
+            raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the stream ended early", self._cursor)
+        if msg.HasField("end"):
+            self._done = True
+            self.close()
+            raise StopIteration
+        d = msg.batch
+        buffer = bytearray(d.total_bytes)
+        data = d.payload.data
+        buffer[0:len(data)] = data
+        filled = len(data)
+        for _ in range(1, d.parts):
+            more = next(self._responses)
+            p = more.more.payload
+            if more.more.serial != d.serial or p.offset != filled:
+                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch's parts arrived out of order")
+            buffer[filled:filled + len(p.data)] = p.data
+            filled += len(p.data)
+        if filled != d.total_bytes:
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch's bytes are incomplete")
+        d.payload.ClearField("data")
+        self._pending_ack = d.serial
+        self._cursor = d.cursor
+        return Batch(d, buffer)
+
+
+class Client:
+    """A connection to conveyord: "host:port" or "unix:/path"."""
+
+    def __init__(self, address):
+        self.address = address
+        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)])
+        self._stub = pb_grpc.LoaderStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def list_datasets(self):
+        return list(self._stub.ListDatasets(pb.ListDatasetsRequest(), timeout=30).datasets)
+
+    def describe(self, dataset):
+        return self._stub.DescribeDataset(pb.DescribeDatasetRequest(dataset=dataset), timeout=30)
+
+    def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
+                  rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
+                  reconnect=True):
+        """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after."""
+        s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
+                         truncation=truncation, parallel=parallel, initial_credits=credits,
+                         resume_cursor=resume or "")
+        if seed is not None:
+            s.seed = seed
+        if randomize is not None:
+            s.randomize = randomize
+        if epoch_size is not None:
+            s.epoch_size = epoch_size
+        if rank is not None:
+            s.rank = rank
+        if world is not None:
+            s.world = world
+        if frame_mode is not None:
+            s.frame_mode = frame_mode
+        return Subscription(self._stub, s, reconnect=reconnect)

@@ -1,0 +1,84 @@
+"""PyTorch integration: an IterableDataset over a conveyord stream.
+
+    ds = ConveyorDataset("127.0.0.1:7070", "train", minibatch_size=256, epochs=1)
+    for batch in torch.utils.data.DataLoader(ds, batch_size=None):
+        x = batch["features"]          # dense: torch tensor sharing the batch's buffer
+        y = batch["labels"]            # sparse: torch.sparse_csc_tensor (or csr / dense)
+    state = ds.state_dict()            # {'cursor': ...}: load_state_dict(state) resumes after it
+
+Each element is a dict: one entry per stream, plus "_lengths" (per stream, sequence mode)
+and "_cursor". Use batch_size=None in the DataLoader: minibatches come made.
+"""
+
+import warnings
+
+import torch
+import torch.utils.data
+
+from conveyor.client import Client
+
+# torch 1.13 calls its (working) CSC support beta on every tensor made; once is enough.
+warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta state")
+
+
+def _sparse(batch, name, layout):
+    colptr, rowind, values, (dim, columns) = batch.csc(name)
+    t = torch.sparse_csc_tensor(torch.from_numpy(colptr.astype("int64")), torch.from_numpy(rowind.astype("int64")),
+                                torch.from_numpy(values), size=(dim, columns))
+    if layout == "csc":
+        return t
+    if layout == "csr":
+        return t.to_sparse_csr()
+    if layout == "dense":
+        return t.to_dense()
+    raise ValueError(f"sparse_layout must be csc, csr or dense, not {layout!r}")
+
+
+class ConveyorDataset(torch.utils.data.IterableDataset):
+    """Minibatches of one conveyord stream as dicts of torch tensors.
+
+    Dense streams are zero-copy views of the received buffer; sparse streams become
+    torch.sparse_csc_tensor (sparse_layout="csc", one column per (row, step)), CSR or dense.
+    state_dict() carries the cursor of the last batch yielded, so a restarted job continues
+    exactly after it (on any daemon serving the dataset).
+    """
+
+    def __init__(self, address, dataset, minibatch_size=256, epochs=1, sparse_layout="csc", **subscribe_args):
+        super().__init__()
+        self.address = address
+        self.dataset = dataset
+        self.minibatch_size = minibatch_size
+        self.epochs = epochs
+        self.sparse_layout = sparse_layout
+        self.subscribe_args = subscribe_args
+        self._cursor = None
+
+    def state_dict(self):
+        return {"cursor": self._cursor or ""}
+
+    def load_state_dict(self, state):
+        self._cursor = state.get("cursor") or None
+
+    def __iter__(self):
+        client = Client(self.address)
+        sub = client.subscribe(self.dataset, minibatch_size=self.minibatch_size, epochs=self.epochs,
+                               resume=self._cursor, **self.subscribe_args)
+        try:
+            for batch in sub:
+                out = {}
+                lengths = {}
+                for s in batch.descriptor.streams:
+                    if s.format == 1:  # FORMAT_SPARSE
+                        out[s.name] = _sparse(batch, s.name, self.sparse_layout)
+                    else:
+                        out[s.name] = torch.from_numpy(batch.dense(s.name))
+                    l = batch.lengths(s.name)
+                    if l is not None:
+                        lengths[s.name] = torch.from_numpy(l)
+                out["_lengths"] = lengths
+                out["_cursor"] = batch.cursor
+                self._cursor = batch.cursor
+                yield out
+        finally:
+            sub.close()
+            client.close()

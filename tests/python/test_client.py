@@ -1,0 +1,142 @@
+"""The Python client and the torch IterableDataset against a real conveyord (port 0)."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+BUILD = os.environ["CONVEYOR_BUILD_DIR"]
+SOURCE = os.environ["CONVEYOR_SOURCE_DIR"]
+sys.path.insert(0, os.path.join(BUILD, "python"))
+
+import conveyor  # noqa: E402
+
+EXAMPLES = os.path.join(SOURCE, "examples", "conveyor.yaml")
+CONVEYOR = os.path.join(BUILD, "client", "conveyor")
+CONVEYORD = os.path.join(BUILD, "server", "conveyord")
+
+
+def start_daemon(tmp):
+    port_file = os.path.join(tmp, "port")
+    proc = subprocess.Popen([CONVEYORD, EXAMPLES, "--listen", "127.0.0.1:0", "--port-file", port_file,
+                             "--unix", os.path.join(tmp, "d.sock")], stderr=subprocess.PIPE)
+    for _ in range(200):
+        if os.path.exists(port_file):
+            return proc, "127.0.0.1:" + open(port_file).read().strip()
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("conveyord did not start: " + proc.stderr.read().decode())
+
+
+def dump_lines(*args):
+    out = subprocess.run([CONVEYOR, "dump", EXAMPLES, *args], check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.daemon, cls.address = start_daemon(cls.tmp.name)
+        cls.client = conveyor.Client(cls.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.daemon.terminate()
+        cls.daemon.wait(timeout=30)
+        cls.tmp.cleanup()
+
+    def test_list_and_describe(self):
+        self.assertEqual(self.client.list_datasets(), ["sequences", "simple", "sparse"])
+        d = self.client.describe("simple")
+        self.assertEqual([s.name for s in d.streams], ["features", "labels"])
+        self.assertEqual(d.sequences, 1000)
+
+    def test_unknown_dataset_is_not_found(self):
+        with self.assertRaises(conveyor.ConveyorError) as e:
+            next(iter(self.client.subscribe("nope")))
+        self.assertEqual(e.exception.code.name, "NOT_FOUND")
+
+    def test_batches_equal_dump(self):
+        expected = dump_lines("--dataset", "sparse", "--randomize", "on", "--seed", "4", "--minibatch-size", "300")
+        got = []
+        for b in self.client.subscribe("sparse", minibatch_size=300, randomize=True, seed=4):
+            colptr, rowind, values, (dim, columns) = b.csc("words")
+            labels = b.dense("label")
+            self.assertEqual(dim, 5000)
+            self.assertEqual(columns, b.rows)  # one sample per sequence: T = 1
+            for row, key in enumerate(b.keys()):
+                entries = [[int(r), float(v)] for r, v in zip(rowind[colptr[row]:colptr[row + 1]],
+                                                              values[colptr[row]:colptr[row + 1]])]
+                got.append((str(key), entries, float(labels[row, 0, 0])))
+        self.assertEqual(len(got), len(expected))
+        for (key, entries, label), line in zip(got, expected):
+            self.assertEqual(key, line["key"])
+            self.assertEqual(entries, line["streams"]["words"]["sparse"][0])
+            self.assertEqual(label, line["streams"]["label"]["dense"][0][0])
+
+    def test_arrays_are_views_without_copy(self):
+        b = next(iter(self.client.subscribe("simple", minibatch_size=10)))
+        x = b.dense("features")
+        self.assertEqual(x.shape, (10, 1, 2))
+        self.assertFalse(x.flags.owndata)
+        self.assertTrue(np.shares_memory(x, np.frombuffer(b.buffer, dtype=np.uint8)))
+
+    def test_resume_from_cursor_gives_the_rest(self):
+        full = [(b.index, tuple(b.keys())) for b in self.client.subscribe("sequences", minibatch_size=50, randomize=True)]
+        sub = self.client.subscribe("sequences", minibatch_size=50, randomize=True)
+        head = []
+        for b in sub:
+            head.append((b.index, tuple(b.keys())))
+            if len(head) == 5:
+                break
+        cursor = sub.cursor
+        sub.close()
+        rest = [(b.index, tuple(b.keys())) for b in
+                self.client.subscribe("sequences", minibatch_size=50, randomize=True, resume=cursor)]
+        self.assertEqual(head + rest, full)
+
+    def test_torch_dataset_trains_and_resumes(self):
+        import torch
+        from conveyor.torch import ConveyorDataset
+        ds = ConveyorDataset(self.address, "simple", minibatch_size=100, epochs=1, randomize=True, seed=2)
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses = []
+        for i, batch in enumerate(torch.utils.data.DataLoader(ds, batch_size=None)):
+            x = batch["features"][:, 0, :]
+            y = batch["labels"][:, 0, :].argmax(dim=1)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if i == 4:
+                state = ds.state_dict()
+        self.assertEqual(len(losses), 10)
+        self.assertLess(losses[-1], losses[0])
+        resumed = ConveyorDataset(self.address, "simple", minibatch_size=100, epochs=1, randomize=True, seed=2)
+        resumed.load_state_dict(state)
+        self.assertEqual(sum(1 for _ in resumed), 5)
+
+    def test_torch_sparse_layouts(self):
+        import torch
+        from conveyor.torch import ConveyorDataset
+        for layout, expected in (("csc", torch.sparse_csc), ("csr", torch.sparse_csr), ("dense", torch.strided)):
+            ds = ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout=layout)
+            batch = next(iter(ds))
+            self.assertEqual(batch["words"].layout, expected)
+            self.assertEqual(tuple(batch["words"].shape), (5000, 64))
+        dense = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout="dense")))["words"]
+        csc = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64)))["words"]
+        self.assertTrue(torch.equal(csc.to_dense(), dense))
+
+
+if __name__ == "__main__":
+    unittest.main()
