@@ -300,3 +300,24 @@ TEST(Service, DrainEndsStreamsWithTheirLastCursor) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+TEST(Service, AClientThatGoesAwayReleasesItsSubscription) {
+  Daemon d;
+  {
+    auto client = Client::Connect(d.tcp());
+    v1::Subscribe s = Sub("sparse", 10);
+    s.set_epochs(1000);
+    auto sub = (*client)->Subscribe(s);
+    ReceivedBatch b;
+    ASSERT_TRUE(*(*sub)->Next(&b));
+    EXPECT_EQ(d.service().active_streams(), 1u);
+  }  // the client and its subscription are gone, mid-stream
+  for (int i = 0; i < 100 && d.service().active_streams() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(d.service().active_streams(), 0u);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
