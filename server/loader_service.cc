@@ -1,6 +1,7 @@
 #include "server/loader_service.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "proto/wire.h"
@@ -38,8 +39,13 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   if (s.initial_credits() > service_->options_.max_credits) {
     return absl::InvalidArgumentError(absl::StrCat("initial_credits must be at most ", service_->options_.max_credits));
   }
-  if (s.transport() != v1::TRANSPORT_INLINE) {
-    return absl::InvalidArgumentError("only TRANSPORT_INLINE is served by this daemon version");
+  if (s.transport() == v1::TRANSPORT_SHARED_MEMORY) {
+    if (service_->options_.fd_server == nullptr) {
+      return absl::InvalidArgumentError("shared memory needs the daemon's unix socket (started without one)");
+    }
+    shm_ = true;
+  } else if (s.transport() != v1::TRANSPORT_INLINE) {
+    return absl::InvalidArgumentError("only TRANSPORT_INLINE and TRANSPORT_SHARED_MEMORY are served by this daemon version");
   }
   auto ds = service_->registry_->Find(s.dataset());
   if (!ds.ok()) return ds.status();
@@ -77,7 +83,48 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   if (!loader.ok()) return loader.status();
   loader_ = std::move(*loader);
   credits_ = s.initial_credits() == 0 ? service_->options_.default_credits : s.initial_credits();
+  slots_per_segment_ = credits_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<uint32_t, uint64_t>> StreamReactor::PlaceInSlot(uint64_t serial,
+                                                                         absl::Span<const std::byte> bytes,
+                                                                         std::vector<v1::StreamResponse>* messages) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (segments_.empty() || segments_.back().slot_bytes < bytes.size()) {
+    // A new segment, with headroom over this batch in every slot; slots stay 256-byte
+    // aligned so that the arrays inside keep their alignment.
+    const uint64_t want = static_cast<uint64_t>(service_->options_.slot_headroom * static_cast<double>(bytes.size()));
+    const uint64_t slot = std::max<uint64_t>(service_->options_.min_slot_bytes, (std::max<uint64_t>(want, bytes.size()) + 255) / 256 * 256);
+    lock.unlock();
+    auto shm = ShmSegment::Create(slot * slots_per_segment_);
+    if (!shm.ok()) return shm.status();
+    lock.lock();
+    Segment seg;
+    seg.id = static_cast<uint32_t>(segments_.size());
+    seg.shm = *shm;
+    seg.slot_bytes = slot;
+    for (uint32_t i = slots_per_segment_; i > 0; --i) seg.free_slots.push_back(i - 1);
+    seg.token = service_->options_.fd_server->Register(seg.shm);
+    v1::StreamResponse announce;
+    v1::SharedMemorySegment* a = announce.mutable_segment();
+    a->set_id(seg.id);
+    a->set_bytes(seg.shm->size());
+    a->set_token(seg.token);
+    a->set_fd_socket(service_->options_.fd_server->path());
+    messages->push_back(std::move(announce));
+    segments_.push_back(std::move(seg));
+  }
+  Segment& seg = segments_.back();
+  if (seg.free_slots.empty()) return absl::InternalError("no free shared-memory slot (credits exceed slots)");
+  const uint32_t slot = seg.free_slots.back();
+  seg.free_slots.pop_back();
+  slot_of_serial_[serial] = {seg.id, slot};
+  const uint64_t offset = uint64_t{slot} * seg.slot_bytes;
+  std::byte* dst = seg.shm->data() + offset;
+  lock.unlock();
+  std::memcpy(dst, bytes.data(), bytes.size());
+  return std::make_pair(seg.id, offset);
 }
 
 void StreamReactor::OnReadDone(bool ok) {
@@ -113,6 +160,10 @@ void StreamReactor::OnReadDone(bool ok) {
       return;
     }
     ++credits_;
+    if (auto it = slot_of_serial_.find(request_.ack().serial()); it != slot_of_serial_.end()) {
+      segments_[it->second.first].free_slots.push_back(it->second.second);
+      slot_of_serial_.erase(it);
+    }
     cv_.notify_all();
   } else {
     stop_ = true;
@@ -164,10 +215,22 @@ void StreamReactor::Produce() {
     d->set_parts(parts);
     PlanToDescriptor(batch.plan, d);
     const char* bytes = reinterpret_cast<const char*>(batch.bytes.data());
-    d->mutable_payload()->set_offset(0);
-    d->mutable_payload()->set_data(bytes, std::min(part, total));
+    if (shm_) {
+      auto placed = PlaceInSlot(serial, batch.bytes, &messages);
+      if (!placed.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        final_status_ = ToGrpc(placed.status());
+        break;
+      }
+      d->set_parts(0);
+      d->mutable_shm()->set_segment(placed->first);
+      d->mutable_shm()->set_offset(placed->second);
+    } else {
+      d->mutable_payload()->set_offset(0);
+      d->mutable_payload()->set_data(bytes, std::min(part, total));
+    }
     messages.push_back(std::move(first));
-    for (uint64_t off = part; off < total; off += part) {
+    for (uint64_t off = part; !shm_ && off < total; off += part) {
       v1::StreamResponse more_msg;
       more_msg.mutable_more()->set_serial(serial);
       more_msg.mutable_more()->mutable_payload()->set_offset(off);
@@ -264,6 +327,8 @@ void StreamReactor::OnDone() {
   }
   if (producer_.joinable()) producer_.join();
   loader_.reset();
+  for (const Segment& seg : segments_) service_->options_.fd_server->Forget(seg.token);
+  segments_.clear();
   service_->Unregister(this);
   delete this;
 }

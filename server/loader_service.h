@@ -10,6 +10,8 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -21,6 +23,7 @@
 #include "common/sampling/stream_request.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "server/dataset_registry.h"
+#include "server/shared_memory.h"
 
 namespace conveyor {
 
@@ -30,6 +33,9 @@ struct ServiceOptions {
   uint32_t max_credits = 64;
   int parser_threads_per_stream = 2;
   size_t max_subscriptions = 256;
+  FdServer* fd_server = nullptr;  // enables TRANSPORT_SHARED_MEMORY; not owned
+  uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
+  double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch
 };
 
 class LoaderService;
@@ -77,6 +83,23 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   std::unique_ptr<BatchAssembler> assembler_;
   std::unique_ptr<Loader> loader_;
   std::thread producer_;
+  // Shared-memory transport: segments of equal slots; a batch takes a free slot of the
+  // newest segment and its ack gives the slot back.
+  struct Segment {
+    uint32_t id;
+    std::shared_ptr<ShmSegment> shm;
+    uint64_t slot_bytes;
+    std::vector<uint32_t> free_slots;
+    std::string token;
+  };
+  bool shm_ = false;
+  uint32_t slots_per_segment_ = 0;
+  std::vector<Segment> segments_;
+  std::map<uint64_t, std::pair<uint32_t, uint32_t>> slot_of_serial_;  // serial -> (segment, slot)
+  // Puts `bytes` into a slot (announcing a new segment in `messages` if needed); returns
+  // (segment id, offset). mu_ not held.
+  absl::StatusOr<std::pair<uint32_t, uint64_t>> PlaceInSlot(uint64_t serial, absl::Span<const std::byte> bytes,
+                                                            std::vector<v1::StreamResponse>* messages);
 };
 
 class LoaderService final : public v1::Loader::CallbackService {

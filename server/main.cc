@@ -82,6 +82,17 @@ int main(int argc, char** argv) {
   if (listen.empty()) listen = config->listen.empty() ? "127.0.0.1:7070" : config->listen;
   if (unix_path.empty()) unix_path = DefaultUnixSocket();
 
+  // Same-host clients fetch shared-memory segments from <unix socket>.fd.
+  std::unique_ptr<conveyor::FdServer> fd_server;
+  if (!no_unix) {
+    auto fds = conveyor::FdServer::Start(unix_path + ".fd");
+    if (!fds.ok()) {
+      std::fprintf(stderr, "conveyord: %s\n", std::string(fds.status().message()).c_str());
+      return 1;
+    }
+    fd_server = std::move(*fds);
+    options.fd_server = fd_server.get();
+  }
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -19,6 +19,7 @@ struct SubscribeArgs {
   bool dump = false;
   uint32_t credits = 0;
   bool no_reconnect = false;
+  std::string transport = "inline";
 };
 
 int RunSubscribe(const SubscribeArgs& args) {
@@ -40,6 +41,8 @@ int RunSubscribe(const SubscribeArgs& args) {
   s.set_truncation(request->truncation);
   s.set_parallel(request->parallel);
   s.set_initial_credits(args.credits);
+  if (args.transport == "shm" || args.transport == "shared-memory") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+  else if (args.transport != "inline") return Fail(absl::InvalidArgumentError("--transport expects inline or shm"));
   s.set_resume_cursor(request->resume);
   SubscribeOptions so;
   so.reconnect = !args.no_reconnect;
@@ -93,6 +96,9 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
   cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)");
+  cmd->add_option("--transport", args->transport,
+                  "inline (default: bytes in the messages) or shm (same host: batches stay in the daemon's "
+                  "shared-memory slots, only descriptors travel)");
   cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
   AddStreamOptions(cmd, &args->stream);
   cmd->callback([args, exit_code] { *exit_code = RunSubscribe(*args); });

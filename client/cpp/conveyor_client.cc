@@ -1,6 +1,11 @@
 #include "client/cpp/conveyor_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -28,11 +33,11 @@ absl::Status ReceivedBatch::Validate() {
   auto plan = DescriptorToPlan(descriptor_);
   if (!plan.ok()) return plan.status();
   plan_ = std::move(*plan);
-  if (bytes_.size() != plan_.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", descriptor_.serial(), " has ", bytes_.size(),
+  if (size_ != plan_.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch ", descriptor_.serial(), " has ", size_,
                                                    " bytes, its descriptor says ", plan_.total_bytes));
   }
-  const char* base = bytes_.data();
+  const char* base = data_;
   for (const StreamLayout& L : plan_.streams) {
     const uint64_t rows = plan_.shape.rows;
     const uint64_t T = L.sequence_axis ? L.max_length : 1;
@@ -78,11 +83,11 @@ absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
     return absl::InvalidArgumentError("element type does not match the batch's precision");
   }
   DenseView<T> v;
-  v.data = reinterpret_cast<const T*>(bytes_.data() + L.values.offset);
+  v.data = reinterpret_cast<const T*>(data_ + L.values.offset);
   v.rows = plan_.shape.rows;
   v.steps = L.sequence_axis ? L.max_length : 1;
   v.dim = L.dim;
-  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(bytes_.data() + L.lengths.offset) : nullptr;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
   return v;
 }
 
@@ -95,15 +100,15 @@ absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
     return absl::InvalidArgumentError("element type does not match the batch's precision");
   }
   CscView<T> v;
-  v.colptr = bytes_.data() + L.colptr.offset;
+  v.colptr = data_ + L.colptr.offset;
   v.colptr64 = L.colptr.dtype == DType::kInt64;
-  v.rowind = reinterpret_cast<const int32_t*>(bytes_.data() + L.rowind.offset);
-  v.values = reinterpret_cast<const T*>(bytes_.data() + L.values.offset);
+  v.rowind = reinterpret_cast<const int32_t*>(data_ + L.rowind.offset);
+  v.values = reinterpret_cast<const T*>(data_ + L.values.offset);
   v.steps = L.sequence_axis ? L.max_length : 1;
   v.columns = plan_.shape.rows * v.steps;
   v.nnz = L.nnz;
   v.dim = L.dim;
-  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(bytes_.data() + L.lengths.offset) : nullptr;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
   return v;
 }
 
@@ -137,13 +142,70 @@ absl::Status Subscription::Open() {
   return absl::OkStatus();
 }
 
+struct Subscription::Mapping {
+  const char* data = nullptr;
+  uint64_t size = 0;
+  ~Mapping() {
+    if (data != nullptr) ::munmap(const_cast<char*>(data), size);
+  }
+};
+
+absl::Status Subscription::MapSegment(const v1::SharedMemorySegment& s) {
+  sockaddr_un addr{};
+  if (s.fd_socket().size() >= sizeof(addr.sun_path) || s.token().size() != 16 || s.bytes() == 0 ||
+      s.bytes() > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError("a shared-memory segment announcement is malformed");
+  }
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, s.fd_socket().c_str(), s.fd_socket().size() + 1);
+  if (sock < 0 || ::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::send(sock, s.token().data(), 16, MSG_NOSIGNAL) != 16) {
+    if (sock >= 0) ::close(sock);
+    return absl::UnavailableError(absl::StrCat("cannot reach the daemon's descriptor socket ", s.fd_socket(),
+                                               " (shared memory needs the same host)"));
+  }
+  char byte;
+  iovec iov{&byte, 1};
+  char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  ::close(sock);
+  cmsghdr* cm = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) return absl::UnavailableError("the daemon sent no segment descriptor");
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < s.bytes()) {
+    ::close(fd);
+    return absl::InvalidArgumentError("the shared-memory segment is smaller than announced");
+  }
+  void* p = ::mmap(nullptr, s.bytes(), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);  // the mapping keeps the segment
+  if (p == MAP_FAILED) return absl::ResourceExhaustedError("cannot map a shared-memory segment");
+  auto m = std::make_shared<Mapping>();
+  m->data = static_cast<const char*>(p);
+  m->size = s.bytes();
+  segments_[s.id()] = std::move(m);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   v1::StreamResponse msg;
-  if (!stream_->Read(&msg)) {
-    grpc::Status st = stream_->Finish();
-    stream_.reset();
-    if (st.ok()) return absl::UnavailableError("the stream ended without an end-of-stream message");
-    return FromGrpc(st);
+  while (true) {
+    if (!stream_->Read(&msg)) {
+      grpc::Status st = stream_->Finish();
+      stream_.reset();
+      if (st.ok()) return absl::UnavailableError("the stream ended without an end-of-stream message");
+      return FromGrpc(st);
+    }
+    if (!msg.has_segment()) break;
+    absl::Status mapped = MapSegment(msg.segment());
+    if (!mapped.ok()) return mapped;
   }
   if (msg.has_end()) {
     ended_ = true;
@@ -158,6 +220,23 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   b.descriptor_ = std::move(*msg.mutable_batch());
   const uint64_t total = b.descriptor_.total_bytes();
   if (total > (uint64_t{1} << 34)) return absl::InvalidArgumentError("batch larger than 16 GiB");
+  b.mapping_.reset();
+  if (b.descriptor_.has_shm()) {
+    auto it = segments_.find(b.descriptor_.shm().segment());
+    const uint64_t off = b.descriptor_.shm().offset();
+    if (it == segments_.end() || off > it->second->size || total > it->second->size - off) {
+      return absl::InvalidArgumentError("a batch lies outside its shared-memory segment");
+    }
+    b.mapping_ = it->second;
+    b.data_ = it->second->data + off;
+    b.size_ = total;
+    absl::Status valid = b.Validate();
+    if (!valid.ok()) return valid;
+    has_unacked_ = true;
+    unacked_serial_ = b.descriptor_.serial();
+    last_cursor_ = b.descriptor_.cursor();
+    return true;
+  }
   b.bytes_.clear();
   b.bytes_.reserve(total);
   b.bytes_.append(b.descriptor_.payload().data());
@@ -173,6 +252,8 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
     b.bytes_.append(more.more().payload().data());
     if (b.bytes_.size() > total) return absl::InvalidArgumentError("a batch's parts exceed its size");
   }
+  b.data_ = b.bytes_.data();
+  b.size_ = b.bytes_.size();
   absl::Status valid = b.Validate();
   if (!valid.ok()) return valid;
   has_unacked_ = true;

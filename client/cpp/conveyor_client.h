@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,9 @@ class ReceivedBatch {
  public:
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
   const BatchPlan& plan() const { return plan_; }
-  absl::Span<const std::byte> bytes() const { return {reinterpret_cast<const std::byte*>(bytes_.data()), bytes_.size()}; }
+  // The batch's bytes: owned (inline transport) or inside a shared-memory segment (valid
+  // until the next Subscription::Next(), which acknowledges the batch and frees its slot).
+  absl::Span<const std::byte> bytes() const { return {reinterpret_cast<const std::byte*>(data_), size_}; }
   const std::string& cursor() const { return descriptor_.cursor(); }
   uint64_t serial() const { return descriptor_.serial(); }
   // Index of the stream called `name`, or -1.
@@ -71,10 +74,15 @@ class ReceivedBatch {
   absl::Status Validate();
   v1::BatchDescriptor descriptor_;
   BatchPlan plan_;
-  std::string bytes_;
+  std::string bytes_;                     // inline transport
+  std::shared_ptr<const void> mapping_;   // shared memory: keeps the segment mapped
+  const char* data_ = nullptr;
+  size_t size_ = 0;
 };
 
 struct SubscribeOptions {
+  // TRANSPORT_SHARED_MEMORY in the request: batches stay in the daemon's memfd segments (same
+  // host only; the daemon's unix socket serves the descriptors).
   bool reconnect = true;  // resume from the last cursor when the stream breaks (UNAVAILABLE)
   int max_reconnects = 5;
 };
@@ -90,6 +98,8 @@ class Subscription {
   const std::string& last_cursor() const { return last_cursor_; }
   // Ends the call; the daemon releases everything the subscription held.
   void Cancel();
+  // Shared-memory segments mapped so far.
+  size_t shared_segments() const { return segments_.size(); }
 
  private:
   friend class Client;
@@ -108,6 +118,9 @@ class Subscription {
   std::string last_cursor_;
   int reconnects_ = 0;
   bool ended_ = false;
+  struct Mapping;
+  std::map<uint32_t, std::shared_ptr<Mapping>> segments_;  // shared memory, by segment id
+  absl::Status MapSegment(const v1::SharedMemorySegment& s);
 };
 
 class Client {

@@ -81,6 +81,19 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(entries, line["streams"]["words"]["sparse"][0])
             self.assertEqual(label, line["streams"]["label"]["dense"][0][0])
 
+    def test_shared_memory_equals_inline(self):
+        unix = "unix:" + os.path.join(self.tmp.name, "d.sock")
+        client = conveyor.Client(unix)
+        def collect(transport):
+            out = []
+            for b in client.subscribe("sequences", minibatch_size=30, randomize=True, transport=transport):
+                colptr, rowind, values, _ = b.csc("word")
+                out.append((b.index, tuple(b.keys()), colptr.tolist(), rowind.tolist(), values.tolist(),
+                            b.lengths("word").tolist()))
+            return out
+        self.assertEqual(collect("shm"), collect("inline"))
+        client.close()
+
     def test_arrays_are_views_without_copy(self):
         b = next(iter(self.client.subscribe("simple", minibatch_size=10)))
         x = b.dense("features")

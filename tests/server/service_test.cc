@@ -29,6 +29,10 @@ class Daemon {
     EXPECT_TRUE(config.ok()) << config.status();
     auto registry = DatasetRegistry::Open(*config, 2);
     EXPECT_TRUE(registry.ok()) << registry.status();
+    auto fds = FdServer::Start(dir_.path() + "/d.sock.fd");
+    EXPECT_TRUE(fds.ok()) << fds.status();
+    fd_server_ = std::move(*fds);
+    options.fd_server = fd_server_.get();
     service_ = std::make_unique<LoaderService>(std::move(*registry), options);
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -41,6 +45,7 @@ class Daemon {
   ~Daemon() {
     service_->Drain();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Wait();
   }
   std::string tcp() const { return "127.0.0.1:" + std::to_string(port_); }
   std::string unix_socket() const { return "unix:" + socket_; }
@@ -48,6 +53,7 @@ class Daemon {
 
  private:
   TempDir dir_;
+  std::unique_ptr<FdServer> fd_server_;
   std::unique_ptr<LoaderService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -317,6 +323,82 @@ TEST(Service, AClientThatGoesAwayReleasesItsSubscription) {
   }  // the client and its subscription are gone, mid-stream
   for (int i = 0; i < 100 && d.service().active_streams() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(d.service().active_streams(), 0u);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+std::set<std::string> DevShm() {
+  std::set<std::string> names;
+  FILE* p = ::popen("ls /dev/shm 2>/dev/null", "r");
+  char buf[512];
+  while (p && std::fgets(buf, sizeof(buf), p)) names.insert(buf);
+  if (p) ::pclose(p);
+  return names;
+}
+
+TEST(SharedMemory, DeliversTheSameBytesAsInline) {
+  const auto before = DevShm();
+  Daemon d;
+  auto client = Client::Connect(d.unix_socket());
+  for (const char* dataset : {"sparse", "sequences"}) {
+    v1::Subscribe s = Sub(dataset, 64);
+    s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+    s.set_initial_credits(3);
+    auto sub = (*client)->Subscribe(s);
+    auto got = Drain(sub->get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, LocalDump(dataset, 64)) << dataset;
+  }
+  EXPECT_EQ(DevShm(), before);  // memfd segments have no name: nothing to leave behind
+}
+
+TEST(SharedMemory, BatchesLargerThanTheFirstGetANewSegment) {
+  ServiceOptions o;
+  o.min_slot_bytes = 256;
+  o.slot_headroom = 1.0;
+  Daemon d(o);
+  auto client = Client::Connect(d.unix_socket());
+  // Batches of 40 documents of 5 to 30 words: some outgrow the first segment's slots.
+  v1::Subscribe s = Sub("sparse", 40);
+  s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+  s.set_epochs(3);
+  auto sub = (*client)->Subscribe(s);
+  auto got = Drain(sub->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT((*sub)->shared_segments(), 1u);
+  EXPECT_EQ(*got, [] {
+    StreamRequest r;
+    r.epochs = 3;
+    auto config = LoadConfigFile(kExamples);
+    ReadOptions ro;
+    ro.minibatch_size = 40;
+    ro.epochs = 3;
+    ro.cursors = true;
+    ro.request.randomize = true;
+    ro.request.seed = 3;
+    return *DumpDataset(*config->Find("sparse"), ro);
+  }());
+}
+
+TEST(SharedMemory, ACrashedClientLeavesNothingBehind) {
+  const auto before = DevShm();
+  Daemon d;
+  {
+    auto client = Client::Connect(d.unix_socket());
+    v1::Subscribe s = Sub("sparse", 10);
+    s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+    s.set_epochs(1000);
+    auto sub = (*client)->Subscribe(s);
+    ReceivedBatch b;
+    ASSERT_TRUE(*(*sub)->Next(&b));
+  }
+  for (int i = 0; i < 100 && d.service().active_streams() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(d.service().active_streams(), 0u);
+  EXPECT_EQ(DevShm(), before);
 }
 
 }  // namespace

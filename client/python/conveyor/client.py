@@ -1,7 +1,9 @@
 """The conveyor client: connect, subscribe, iterate batches as numpy views."""
 
+import mmap
+import os
 import queue
-import threading
+import socket
 
 import grpc
 import numpy as np
@@ -28,8 +30,9 @@ class ConveyorError(RuntimeError):
 
 
 class Batch:
-    """One minibatch. Arrays are views into one writable buffer (no copy); they stay valid as
-    long as the Batch object lives."""
+    """One minibatch. Arrays are views (no copy) into the batch's buffer: a writable bytearray
+    (inline transport), or the daemon's shared-memory slot (read-only; valid until the next
+    batch is asked for, which acknowledges this one and lets the daemon reuse the slot)."""
 
     def __init__(self, descriptor, buffer):
         self.descriptor = descriptor
@@ -58,7 +61,7 @@ class Batch:
         count = 1
         for d in ref.shape:
             count *= d
-        end = ref.offset + count * np.dtype(dtype).itemsize
+        end = ref.offset + count * np.dtype(dtype).itemsize  # checked before any view is made
         if end > len(self.buffer) or end - ref.offset != ref.bytes:
             raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "an array lies outside the batch")
         return np.frombuffer(self.buffer, dtype=dtype, count=count, offset=ref.offset).reshape(tuple(ref.shape))
@@ -114,6 +117,7 @@ class Subscription:
         self._pending_ack = None
         self._done = False
         self._reconnects = 0
+        self._segments = {}  # shared memory: id -> mmap
 
     @property
     def cursor(self):
@@ -137,6 +141,21 @@ class Subscription:
 
         self._responses = self._stub.Stream(requests())
         self._pending_ack = None
+
+    def _map_segment(self, seg):
+        if len(seg.token) != 16 or seg.bytes == 0:
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a shared-memory announcement is malformed")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(seg.fd_socket)
+            sock.sendall(seg.token)
+            _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        if not fds:
+            raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the daemon sent no segment descriptor")
+        try:
+            self._segments[seg.id] = mmap.mmap(fds[0], seg.bytes, prot=mmap.PROT_READ)
+        finally:
+            os.close(fds[0])
 
     def close(self):
         if self._requests is not None:
@@ -173,6 +192,9 @@ class Subscription:
 
     def _receive(self):
         msg = next(self._responses, None)
+        while msg is not None and msg.HasField("segment"):
+            self._map_segment(msg.segment)
+            msg = next(self._responses, None)
         if msg is None:
             raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the stream ended early", self._cursor)
         if msg.HasField("end"):
@@ -180,6 +202,13 @@ class Subscription:
             self.close()
             raise StopIteration
         d = msg.batch
+        if d.HasField("shm"):
+            seg = self._segments.get(d.shm.segment)
+            if seg is None or d.shm.offset + d.total_bytes > len(seg):
+                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch lies outside its shared-memory segment")
+            self._pending_ack = d.serial
+            self._cursor = d.cursor
+            return Batch(d, memoryview(seg)[d.shm.offset:d.shm.offset + d.total_bytes])
         buffer = bytearray(d.total_bytes)
         data = d.payload.data
         buffer[0:len(data)] = data
@@ -218,11 +247,16 @@ class Client:
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
-                  reconnect=True):
-        """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after."""
+                  reconnect=True, transport="inline"):
+        """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after.
+        transport="shm" (same host, through the daemon's unix socket): batches stay in the
+        daemon's shared-memory slots and only descriptors travel."""
+        if transport not in ("inline", "shm"):
+            raise ValueError("transport must be 'inline' or 'shm'")
         s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
                          truncation=truncation, parallel=parallel, initial_credits=credits,
-                         resume_cursor=resume or "")
+                         resume_cursor=resume or "",
+                         transport=pb.TRANSPORT_SHARED_MEMORY if transport == "shm" else pb.TRANSPORT_INLINE)
         if seed is not None:
             s.seed = seed
         if randomize is not None:

@@ -19,6 +19,9 @@ from conveyor.client import Client
 
 # torch 1.13 calls its (working) CSC support beta on every tensor made; once is enough.
 warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta state")
+# Shared-memory batches are read-only views of the daemon's slots: tensors over them are
+# meant to be read (copy one to keep or modify it past the next batch).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 def _sparse(batch, name, layout):

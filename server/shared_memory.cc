@@ -1,0 +1,139 @@
+#include "server/shared_memory.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor {
+
+absl::StatusOr<std::shared_ptr<ShmSegment>> ShmSegment::Create(uint64_t bytes) {
+  const int fd = ::memfd_create("conveyor-slots", MFD_CLOEXEC);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot size a ", bytes, "-byte segment: ", std::strerror(err)));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map a ", bytes, "-byte segment: ", std::strerror(err)));
+  }
+  return std::shared_ptr<ShmSegment>(new ShmSegment(fd, static_cast<std::byte*>(p), bytes));
+}
+
+ShmSegment::~ShmSegment() {
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat(path, ": socket path too long"));
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const mode_t old = ::umask(077);  // 0600 from the start: no window for other users
+  const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old);
+  if (rc != 0 || ::listen(fd, 64) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat(path, ": cannot listen: ", std::strerror(err)));
+  }
+  return std::unique_ptr<FdServer>(new FdServer(path, fd));
+}
+
+FdServer::FdServer(std::string path, int listen_fd) : path_(std::move(path)), listen_fd_(listen_fd) {
+  if (::pipe2(wake_, O_CLOEXEC) != 0) wake_[0] = wake_[1] = -1;
+  thread_ = std::thread([this] { Serve(); });
+}
+
+FdServer::~FdServer() {
+  if (wake_[1] >= 0) (void)!::write(wake_[1], "x", 1);
+  thread_.join();
+  ::close(listen_fd_);
+  if (wake_[0] >= 0) ::close(wake_[0]);
+  if (wake_[1] >= 0) ::close(wake_[1]);
+  ::unlink(path_.c_str());
+}
+
+std::string FdServer::Register(std::shared_ptr<ShmSegment> segment) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string token(16, '\0');
+  for (int i = 0; i < 2; ++i) {
+    const uint64_t v = rng();
+    std::memcpy(token.data() + 8 * i, &v, 8);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  segments_[token] = segment;
+  return token;
+}
+
+void FdServer::Forget(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  segments_.erase(token);
+}
+
+void FdServer::Serve() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (::poll(fds, wake_[0] >= 0 ? 2 : 1, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents) return;
+    const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    // A client has one second to send its token; a wrong token gets the connection closed.
+    timeval tv{1, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string token(16, '\0');
+    size_t got = 0;
+    while (got < token.size()) {
+      const ssize_t n = ::recv(c, token.data() + got, token.size() - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    std::shared_ptr<ShmSegment> seg;
+    if (got == token.size()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = segments_.find(token);
+      if (it != segments_.end()) seg = it->second.lock();
+    }
+    if (seg) {
+      char byte = 'S';
+      iovec iov{&byte, 1};
+      char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      const int fd = seg->fd();
+      std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+      (void)!::sendmsg(c, &msg, MSG_NOSIGNAL);
+    }
+    ::close(c);
+  }
+}
+
+}  // namespace conveyor
