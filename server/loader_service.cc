@@ -17,7 +17,10 @@ constexpr size_t kMaxCursor = 4096;
 
 // ------------------------------------------------------------------ StreamReactor
 
-StreamReactor::StreamReactor(LoaderService* service) : service_(service) { StartRead(&request_); }
+StreamReactor::StreamReactor(LoaderService* service) : service_(service) {
+  if (service_->options_.metrics) service_->options_.metrics->StreamStarted();
+  StartRead(&request_);
+}
 
 void StreamReactor::Refuse(const grpc::Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -160,6 +163,7 @@ void StreamReactor::OnReadDone(bool ok) {
       return;
     }
     ++credits_;
+    if (service_->options_.metrics) service_->options_.metrics->InFlight(-1);
     if (auto it = slot_of_serial_.find(request_.ack().serial()); it != slot_of_serial_.end()) {
       segments_[it->second.first].free_slots.push_back(it->second.second);
       slot_of_serial_.erase(it);
@@ -242,6 +246,13 @@ void StreamReactor::Produce() {
     --credits_;
     ++next_serial_;
     outstanding_.insert(serial);
+    if (Metrics* m = service_->options_.metrics) {
+      m->Served(dataset_->config().name, shm_ ? "shm" : "inline", total, batch.plan.num_samples);
+      m->InFlight(1);
+      const double parsed = loader_->pipeline().parse_seconds();
+      m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);
+      parse_seconds_reported_ = parsed;
+    }
     last_cursor_ = cursor;
     for (auto& m : messages) queue_.push_back(std::move(m));
     Pump();
@@ -326,6 +337,10 @@ void StreamReactor::OnDone() {
     cv_.notify_all();
   }
   if (producer_.joinable()) producer_.join();
+  if (Metrics* m = service_->options_.metrics) {
+    m->InFlight(-static_cast<double>(outstanding_.size()));
+    m->StreamEnded(final_status_.error_code());
+  }
   loader_.reset();
   for (const Segment& seg : segments_) service_->options_.fd_server->Forget(seg.token);
   segments_.clear();

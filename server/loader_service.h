@@ -23,6 +23,7 @@
 #include "common/sampling/stream_request.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "server/dataset_registry.h"
+#include "server/metrics.h"
 #include "server/shared_memory.h"
 
 namespace conveyor {
@@ -36,6 +37,7 @@ struct ServiceOptions {
   FdServer* fd_server = nullptr;  // enables TRANSPORT_SHARED_MEMORY; not owned
   uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
   double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch
+  Metrics* metrics = nullptr;          // not owned; optional
 };
 
 class LoaderService;
@@ -83,6 +85,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   std::unique_ptr<BatchAssembler> assembler_;
   std::unique_ptr<Loader> loader_;
   std::thread producer_;
+  double parse_seconds_reported_ = 0;
   // Shared-memory transport: segments of equal slots; a batch takes a free slot of the
   // newest segment and its ack gives the slot back.
   struct Segment {

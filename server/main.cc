@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
       "last cursor and UNAVAILABLE.",
       "conveyord"};
-  std::string config_path, listen, unix_path, port_file;
+  std::string config_path, listen, unix_path, port_file, metrics_address;
   bool no_unix = false;
   conveyor::ServiceOptions options;
   int index_threads = 0;
@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-subscriptions", options.max_subscriptions, "Concurrent Stream calls allowed (default 256)");
   app.add_option("--inline-part-bytes", options.inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
       ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
+  app.add_option("--metrics", metrics_address, "Serve Prometheus metrics at http://ADDR/metrics (host:port)");
   app.add_option("--index-threads", index_threads, "Threads for indexing at startup (default: all cores)");
   CLI11_PARSE(app, argc, argv);
 
@@ -92,6 +93,17 @@ int main(int argc, char** argv) {
     }
     fd_server = std::move(*fds);
     options.fd_server = fd_server.get();
+  }
+  conveyor::Metrics metrics;
+  options.metrics = &metrics;
+  if (!metrics_address.empty()) {
+    const int mport = metrics.Serve(metrics_address);
+    if (mport == 0) {
+      std::fprintf(stderr, "conveyord: cannot serve metrics on %s\n", metrics_address.c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "conveyord: metrics on http://%s:%d/metrics\n",
+                 metrics_address.substr(0, metrics_address.rfind(':')).c_str(), mport);
   }
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);

@@ -1,7 +1,10 @@
 // conveyord's service against real gRPC servers on 127.0.0.1 port 0 and on a unix socket,
 // with the real C++ client: what a subscriber receives is what `conveyor dump` prints; ranks
 // split the data; credits bound a stalled subscriber; bad requests are refused.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -399,6 +402,54 @@ TEST(SharedMemory, ACrashedClientLeavesNothingBehind) {
   for (int i = 0; i < 100 && d.service().active_streams() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(d.service().active_streams(), 0u);
   EXPECT_EQ(DevShm(), before);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+TEST(Metrics, CountWhatWasServed) {
+  Metrics metrics;
+  const int port = metrics.Serve("127.0.0.1:0");
+  ASSERT_GT(port, 0);
+  ServiceOptions o;
+  o.metrics = &metrics;
+  {
+    Daemon d(o);
+    auto client = Client::Connect(d.tcp());
+    auto sub = (*client)->Subscribe(Sub("sparse", 250));
+    auto got = Drain(sub->get());
+    ASSERT_TRUE(got.ok());
+  }
+  const std::string page = HttpGet(port, "/metrics");
+  EXPECT_NE(page.find("conveyor_batches_served_total{dataset=\"sparse\",transport=\"inline\"} 8"), std::string::npos) << page;
+  EXPECT_NE(page.find("conveyor_samples_served_total{dataset=\"sparse\",transport=\"inline\"} 2000"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_active_streams 0"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_batches_in_flight 0"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_streams_ended_total{code=\"0\"} 1"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_parse_seconds_total{dataset=\"sparse\"}"), std::string::npos);
 }
 
 }  // namespace

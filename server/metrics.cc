@@ -1,0 +1,47 @@
+#include "server/metrics.h"
+
+#include <exception>
+
+namespace conveyor {
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      batches_(prometheus::BuildCounter().Name("conveyor_batches_served_total").Help("Batches sent to subscribers").Register(*registry_)),
+      bytes_(prometheus::BuildCounter().Name("conveyor_bytes_served_total").Help("Bytes of batches sent (inline or shared)").Register(*registry_)),
+      samples_(prometheus::BuildCounter().Name("conveyor_samples_served_total").Help("Minibatch samples sent").Register(*registry_)),
+      parse_seconds_(prometheus::BuildCounter().Name("conveyor_parse_seconds_total").Help("Parser thread time").Register(*registry_)),
+      stream_ends_(prometheus::BuildCounter().Name("conveyor_streams_ended_total").Help("Stream calls ended, by gRPC status code").Register(*registry_)),
+      active_(prometheus::BuildGauge().Name("conveyor_active_streams").Help("Open Stream calls").Register(*registry_).Add({})),
+      in_flight_(prometheus::BuildGauge().Name("conveyor_batches_in_flight").Help("Batches sent and not yet acknowledged, all subscriptions (lag)").Register(*registry_).Add({})) {}
+
+int Metrics::Serve(const std::string& address) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+    exposer_->RegisterCollectable(registry_);
+    auto ports = exposer_->GetListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+void Metrics::Served(const std::string& dataset, const std::string& transport, uint64_t bytes, uint64_t samples) {
+  batches_.Add({{"dataset", dataset}, {"transport", transport}}).Increment();
+  bytes_.Add({{"dataset", dataset}, {"transport", transport}}).Increment(static_cast<double>(bytes));
+  samples_.Add({{"dataset", dataset}, {"transport", transport}}).Increment(static_cast<double>(samples));
+}
+
+void Metrics::Parsed(const std::string& dataset, double seconds) {
+  if (seconds > 0) parse_seconds_.Add({{"dataset", dataset}}).Increment(seconds);
+}
+
+void Metrics::StreamStarted() { active_.Increment(); }
+
+void Metrics::StreamEnded(int code) {
+  active_.Decrement();
+  stream_ends_.Add({{"code", std::to_string(code)}}).Increment();
+}
+
+void Metrics::InFlight(double delta) { in_flight_.Increment(delta); }
+
+}  // namespace conveyor
