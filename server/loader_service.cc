@@ -353,11 +353,30 @@ void StreamReactor::OnDone() {
 LoaderService::LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceOptions options)
     : registry_(std::move(registry)), options_(options) {}
 
+grpc::Status LoaderService::Authorize(grpc::CallbackServerContext* ctx) const {
+  if (options_.token.empty()) return grpc::Status::OK;
+  if (ctx->peer().rfind("unix:", 0) == 0) return grpc::Status::OK;  // file permissions guard it
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  const std::string expected = "Bearer " + options_.token;
+  if (it != md.end() && it->second.size() == expected.size()) {
+    unsigned char diff = 0;  // constant time
+    for (size_t i = 0; i < expected.size(); ++i) diff |= static_cast<unsigned char>(it->second.data()[i] ^ expected[i]);
+    if (diff == 0) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a valid 'authorization: Bearer <token>' is required");
+}
+
 grpc::ServerUnaryReactor* LoaderService::ListDatasets(grpc::CallbackServerContext* ctx,
                                                       const v1::ListDatasetsRequest*,
                                                       v1::ListDatasetsResponse* resp) {
-  for (const std::string& n : registry_->Names()) resp->add_datasets(n);
   auto* r = ctx->DefaultReactor();
+  grpc::Status auth = Authorize(ctx);
+  if (!auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
+  for (const std::string& n : registry_->Names()) resp->add_datasets(n);
   r->Finish(grpc::Status::OK);
   return r;
 }
@@ -366,6 +385,11 @@ grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerCon
                                                          const v1::DescribeDatasetRequest* req,
                                                          v1::DatasetDescription* resp) {
   auto* r = ctx->DefaultReactor();
+  grpc::Status auth = Authorize(ctx);
+  if (!auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
   if (req->dataset().size() > kMaxName) {
     r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "dataset name longer than 256 bytes"));
     return r;
@@ -399,11 +423,14 @@ grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerCon
   return r;
 }
 
-grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* LoaderService::Stream(grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* LoaderService::Stream(grpc::CallbackServerContext* ctx) {
   auto* r = new StreamReactor(this);
+  grpc::Status auth = Authorize(ctx);
   std::lock_guard<std::mutex> lock(mu_);
   streams_.insert(r);
-  if (draining_) {
+  if (!auth.ok()) {
+    r->Refuse(auth);
+  } else if (draining_) {
     r->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down"));
   } else if (streams_.size() > options_.max_subscriptions) {
     r->Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,

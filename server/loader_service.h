@@ -38,6 +38,7 @@ struct ServiceOptions {
   uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
   double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch
   Metrics* metrics = nullptr;          // not owned; optional
+  std::string token;                   // non-empty: TCP calls need "authorization: Bearer <token>"
 };
 
 class LoaderService;
@@ -122,6 +123,8 @@ class LoaderService final : public v1::Loader::CallbackService {
  private:
   friend class StreamReactor;
   void Unregister(StreamReactor* r);
+  // OK for unix-socket peers and for TCP calls with the right bearer token.
+  grpc::Status Authorize(grpc::CallbackServerContext* ctx) const;
 
   const std::unique_ptr<DatasetRegistry> registry_;
   const ServiceOptions options_;

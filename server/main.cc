@@ -9,7 +9,9 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cctype>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
       "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
       "last cursor and UNAVAILABLE.",
       "conveyord"};
-  std::string config_path, listen, unix_path, port_file, metrics_address;
+  std::string config_path, listen, unix_path, port_file, metrics_address, tls_cert, tls_key, token_file;
   bool no_unix = false;
   conveyor::ServiceOptions options;
   int index_threads = 0;
@@ -56,6 +58,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-subscriptions", options.max_subscriptions, "Concurrent Stream calls allowed (default 256)");
   app.add_option("--inline-part-bytes", options.inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
       ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain for TLS on TCP (default: the config's tls.cert)");
+  app.add_option("--tls-key", tls_key, "PEM private key for TLS on TCP (default: the config's tls.key)");
+  app.add_option("--token-file", token_file,
+                 "File holding the bearer token TCP clients must send (default: the config's tokenFile); "
+                 "the unix socket is guarded by its 0600 permissions instead");
   app.add_option("--metrics", metrics_address, "Serve Prometheus metrics at http://ADDR/metrics (host:port)");
   app.add_option("--index-threads", index_threads, "Threads for indexing at startup (default: all cores)");
   CLI11_PARSE(app, argc, argv);
@@ -105,12 +112,46 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "conveyord: metrics on http://%s:%d/metrics\n",
                  metrics_address.substr(0, metrics_address.rfind(':')).c_str(), mport);
   }
+  if (tls_cert.empty()) tls_cert = config->tls_cert;
+  if (tls_key.empty()) tls_key = config->tls_key;
+  if (token_file.empty()) token_file = config->token_file;
+  auto read_file = [](const std::string& path, std::string* out) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return false;
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    return true;
+  };
+  std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
+  if (!tls_cert.empty() || !tls_key.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    if (!read_file(tls_cert, &pair.cert_chain) || !read_file(tls_key, &pair.private_key)) {
+      std::fprintf(stderr, "conveyord: cannot read the TLS certificate %s or key %s\n", tls_cert.c_str(), tls_key.c_str());
+      return 1;
+    }
+    ssl.pem_key_cert_pairs.push_back(pair);
+    tcp_creds = grpc::SslServerCredentials(ssl);
+  }
+  if (!token_file.empty()) {
+    if (!read_file(token_file, &options.token)) {
+      std::fprintf(stderr, "conveyord: cannot read the token file %s\n", token_file.c_str());
+      return 1;
+    }
+    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) options.token.pop_back();
+    if (options.token.empty()) {
+      std::fprintf(stderr, "conveyord: the token file %s is empty\n", token_file.c_str());
+      return 1;
+    }
+    if (tls_cert.empty()) std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
+  }
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, tcp_creds, &port);
   if (!no_unix) {
     struct stat st;
     if (::lstat(unix_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(unix_path.c_str());  // stale

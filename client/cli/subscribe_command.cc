@@ -1,6 +1,9 @@
 // conveyor subscribe: a client of conveyord. Streams batches, prints throughput, or with
 // --dump the dump format (identical to `conveyor dump` with the same options).
+#include <cctype>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <cstdio>
 #include <string>
 
@@ -20,12 +23,30 @@ struct SubscribeArgs {
   uint32_t credits = 0;
   bool no_reconnect = false;
   std::string transport = "inline";
+  std::string tls_ca, tls_server_name, token_file;
 };
 
 int RunSubscribe(const SubscribeArgs& args) {
   auto request = args.stream.ToRequest();
   if (!request.ok()) return Fail(request.status());
-  auto client = Client::Connect(args.address);
+  ClientOptions co;
+  auto read_file = [](const std::string& path, std::string* out) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return false;
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    return true;
+  };
+  if (!args.tls_ca.empty() && !read_file(args.tls_ca, &co.tls_root_certs)) {
+    return Fail(absl::NotFoundError("cannot read --tls-ca " + args.tls_ca));
+  }
+  co.tls_server_name = args.tls_server_name;
+  if (!args.token_file.empty()) {
+    if (!read_file(args.token_file, &co.token)) return Fail(absl::NotFoundError("cannot read --token-file " + args.token_file));
+    while (!co.token.empty() && std::isspace(static_cast<unsigned char>(co.token.back()))) co.token.pop_back();
+  }
+  auto client = Client::Connect(args.address, co);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s;
   s.set_dataset(args.dataset);
@@ -99,6 +120,9 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_option("--transport", args->transport,
                   "inline (default: bytes in the messages) or shm (same host: batches stay in the daemon's "
                   "shared-memory slots, only descriptors travel)");
+  cmd->add_option("--tls-ca", args->tls_ca, "PEM roots to trust: connect with TLS");
+  cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
+  cmd->add_option("--token-file", args->token_file, "File with the bearer token the daemon requires on TCP");
   cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
   AddStreamOptions(cmd, &args->stream);
   cmd->callback([args, exit_code] { *exit_code = RunSubscribe(*args); });

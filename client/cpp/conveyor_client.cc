@@ -119,8 +119,10 @@ template absl::StatusOr<CscView<double>> ReceivedBatch::Csc<double>(size_t) cons
 
 // ------------------------------------------------------------------ Subscription
 
-Subscription::Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options)
-    : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)), request_(std::move(request)), options_(options) {}
+Subscription::Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options,
+                           std::string token)
+    : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)), request_(std::move(request)),
+      options_(options), token_(std::move(token)) {}
 
 Subscription::~Subscription() { Cancel(); }
 
@@ -133,6 +135,7 @@ void Subscription::Cancel() {
 
 absl::Status Subscription::Open() {
   context_ = std::make_unique<grpc::ClientContext>();
+  if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
   stream_ = stub_->Stream(context_.get());
   has_unacked_ = false;
   v1::StreamRequest first;
@@ -291,19 +294,28 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
 
 // ------------------------------------------------------------------ Client
 
-Client::Client(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)) {}
+Client::Client(std::shared_ptr<grpc::Channel> channel, std::string token)
+    : channel_(std::move(channel)), token_(std::move(token)), stub_(v1::Loader::NewStub(channel_)) {}
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, const ClientOptions& options) {
   if (address.empty()) return absl::InvalidArgumentError("empty daemon address (expected host:port or unix:/path)");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<Client>(new Client(std::move(channel)));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_root_certs.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  return std::unique_ptr<Client>(new Client(std::move(channel), options.token));
 }
 
 absl::StatusOr<std::vector<std::string>> Client::ListDatasets() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
   v1::ListDatasetsRequest req;
   v1::ListDatasetsResponse resp;
   grpc::Status st = stub_->ListDatasets(&ctx, req, &resp);
@@ -314,6 +326,7 @@ absl::StatusOr<std::vector<std::string>> Client::ListDatasets() {
 absl::StatusOr<v1::DatasetDescription> Client::Describe(const std::string& dataset) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
   v1::DescribeDatasetRequest req;
   req.set_dataset(dataset);
   v1::DatasetDescription resp;
@@ -324,7 +337,7 @@ absl::StatusOr<v1::DatasetDescription> Client::Describe(const std::string& datas
 
 absl::StatusOr<std::unique_ptr<Subscription>> Client::Subscribe(const v1::Subscribe& request,
                                                                 const SubscribeOptions& options) {
-  auto sub = std::unique_ptr<Subscription>(new Subscription(channel_, request, options));
+  auto sub = std::unique_ptr<Subscription>(new Subscription(channel_, request, options, token_));
   if (!request.resume_cursor().empty()) sub->last_cursor_ = request.resume_cursor();
   return sub;
 }

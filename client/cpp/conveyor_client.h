@@ -103,7 +103,8 @@ class Subscription {
 
  private:
   friend class Client;
-  Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options);
+  Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options,
+               std::string token);
   absl::Status Open();
   absl::StatusOr<bool> Receive(ReceivedBatch* out);
 
@@ -111,6 +112,7 @@ class Subscription {
   std::unique_ptr<v1::Loader::Stub> stub_;
   v1::Subscribe request_;
   const SubscribeOptions options_;
+  const std::string token_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
   bool has_unacked_ = false;
@@ -123,10 +125,17 @@ class Subscription {
   absl::Status MapSegment(const v1::SharedMemorySegment& s);
 };
 
+struct ClientOptions {
+  std::string tls_root_certs;  // PEM: use TLS and trust these roots (empty: plaintext)
+  std::string tls_server_name; // override the name the certificate must carry (tests)
+  std::string token;           // sent as "authorization: Bearer <token>" on every call
+};
+
 class Client {
  public:
   // `address`: "host:port" or "unix:/path". Does not connect until the first call.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                        const ClientOptions& options = {});
   absl::StatusOr<std::vector<std::string>> ListDatasets();
   absl::StatusOr<v1::DatasetDescription> Describe(const std::string& dataset);
   // Starts a stream. Errors from the daemon come from the first Next().
@@ -134,8 +143,9 @@ class Client {
                                                           const SubscribeOptions& options = {});
 
  private:
-  explicit Client(std::shared_ptr<grpc::Channel> channel);
+  Client(std::shared_ptr<grpc::Channel> channel, std::string token);
   std::shared_ptr<grpc::Channel> channel_;
+  const std::string token_;
   std::unique_ptr<v1::Loader::Stub> stub_;
 };
 

@@ -293,11 +293,28 @@ class Converter {
       const std::string key = Lower(k);
       if (key == "listen") {
         ASSIGN_OR_RETURN(out_->listen, String(v, k));
+      } else if (key == "tls") {
+        if (!v.is_map()) return Error(v, "expected 'tls: {cert: FILE, key: FILE}'");
+        for (const auto& [tk, tv] : v.map) {
+          if (Lower(tk) == "cert") {
+            ASSIGN_OR_RETURN(std::string f, String(tv, tk));
+            out_->tls_cert = JoinPath(base_dir_, f);
+          } else if (Lower(tk) == "key") {
+            ASSIGN_OR_RETURN(std::string f, String(tv, tk));
+            out_->tls_key = JoinPath(base_dir_, f);
+          } else {
+            return Error(tv, absl::StrCat("unknown key '", tk, "' in tls (expected cert, key)"));
+          }
+        }
+        if (out_->tls_cert.empty() != out_->tls_key.empty()) return Error(v, "tls needs both cert and key");
+      } else if (key == "tokenfile") {
+        ASSIGN_OR_RETURN(std::string f, String(v, k));
+        out_->token_file = JoinPath(base_dir_, f);
       } else if (key == "datasets") {
         if (!v.is_map() || v.map.empty()) return Error(v, "expected 'datasets' to map names to dataset blocks");
         for (const auto& [name, ds] : v.map) RETURN_IF_ERROR(Dataset(name, ds, Precision::kFloat));
       } else {
-        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, datasets)"));
+        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, tls, tokenFile, datasets)"));
       }
     }
     if (out_->datasets.empty()) return Error(root, "the configuration defines no dataset ('datasets:' is missing)");

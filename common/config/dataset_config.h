@@ -63,6 +63,8 @@ struct DatasetConfig {
 struct Config {
   std::string source;  // the file it was loaded from, for messages
   std::string listen;  // daemon address; empty: the daemon's default
+  std::string tls_cert, tls_key;  // PEM files (resolved) for TLS on TCP; empty: plaintext
+  std::string token_file;         // bearer token required on TCP; empty: none
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print
 

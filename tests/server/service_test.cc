@@ -454,3 +454,80 @@ TEST(Metrics, CountWhatWasServed) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+// A daemon with TLS (a self-signed certificate made here by openssl) and a bearer token on
+// TCP, and a plain unix socket.
+class SecureDaemon {
+ public:
+  SecureDaemon() {
+    const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=conveyor-test "
+                            "-addext subjectAltName=DNS:conveyor-test -keyout " + dir_.path() + "/key.pem -out " +
+                            dir_.path() + "/cert.pem >/dev/null 2>&1";
+    ok_ = std::system(cmd.c_str()) == 0;
+    if (!ok_) return;
+    cert_ = ReadFile(dir_.path() + "/cert.pem");
+    auto config = LoadConfigFile(kExamples);
+    auto registry = DatasetRegistry::Open(*config, 2);
+    ServiceOptions o;
+    o.token = "s3cret";
+    service_ = std::make_unique<LoaderService>(std::move(*registry), o);
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({ReadFile(dir_.path() + "/key.pem"), cert_});
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl), &port_);
+    b.AddListeningPort("unix:" + dir_.path() + "/s.sock", grpc::InsecureServerCredentials());
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+  }
+  ~SecureDaemon() {
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+  bool ok() const { return ok_ && server_ != nullptr; }
+  std::string tcp() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string unix_socket() const { return "unix:" + dir_.path() + "/s.sock"; }
+  const std::string& cert() const { return cert_; }
+
+ private:
+  TempDir dir_;
+  bool ok_ = false;
+  std::string cert_;
+  std::unique_ptr<LoaderService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST(Security, TlsAndTokenAreRequiredOnTcpOnly) {
+  SecureDaemon d;
+  if (!d.ok()) GTEST_SKIP() << "openssl could not make a test certificate";
+  ClientOptions good;
+  good.tls_root_certs = d.cert();
+  good.tls_server_name = "conveyor-test";
+  good.token = "s3cret";
+  auto ok = Client::Connect(d.tcp(), good);
+  auto names = (*ok)->ListDatasets();
+  ASSERT_TRUE(names.ok()) << names.status();
+  auto sub = (*ok)->Subscribe(Sub("simple", 500));
+  auto got = Drain(sub->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->size(), LocalDump("simple", 500).size());
+
+  ClientOptions wrong = good;
+  wrong.token = "guess";
+  EXPECT_EQ((*Client::Connect(d.tcp(), wrong))->ListDatasets().status().code(), absl::StatusCode::kUnauthenticated);
+  ClientOptions none = good;
+  none.token.clear();
+  EXPECT_EQ((*Client::Connect(d.tcp(), none))->ListDatasets().status().code(), absl::StatusCode::kUnauthenticated);
+  auto refused = (*Client::Connect(d.tcp(), none))->Subscribe(Sub("simple", 500));
+  ReceivedBatch b;
+  EXPECT_EQ((*refused)->Next(&b).status().code(), absl::StatusCode::kUnauthenticated);
+  // Plaintext to a TLS port does not get through.
+  EXPECT_FALSE((*Client::Connect(d.tcp()))->ListDatasets().ok());
+  // The unix socket is guarded by its permissions: no token needed.
+  EXPECT_TRUE((*Client::Connect(d.unix_socket()))->ListDatasets().ok());
+}
+
+}  // namespace
+}  // namespace conveyor::testing

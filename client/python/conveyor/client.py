@@ -228,13 +228,36 @@ class Subscription:
         return Batch(d, buffer)
 
 
-class Client:
-    """A connection to conveyord: "host:port" or "unix:/path"."""
+class _Stub:
+    """The generated stub with the bearer token added to every call."""
 
-    def __init__(self, address):
+    def __init__(self, stub, token):
+        self._stub = stub
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+
+    def __getattr__(self, name):
+        method = getattr(self._stub, name)
+        if self._metadata is None:
+            return method
+        return lambda *args, **kwargs: method(*args, metadata=self._metadata, **kwargs)
+
+
+class Client:
+    """A connection to conveyord: "host:port" or "unix:/path".
+
+    root_certificates (PEM bytes): connect with TLS trusting them; server_name: the name the
+    daemon's certificate carries, if not the host's; token: the daemon's bearer token."""
+
+    def __init__(self, address, root_certificates=None, server_name=None, token=None):
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1)])
-        self._stub = pb_grpc.LoaderStub(self._channel)
+        options = [("grpc.max_receive_message_length", -1)]
+        if root_certificates is not None:
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = _Stub(pb_grpc.LoaderStub(self._channel), token)
 
     def close(self):
         self._channel.close()
