@@ -141,7 +141,11 @@ absl::Status Subscription::Open() {
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
-  if (!stream_->Write(first)) return FromGrpc(stream_->Finish());
+  if (!stream_->Write(first)) {
+    const grpc::Status st = stream_->Finish();
+    stream_.reset();  // finished: Cancel() must not finish it again
+    return FromGrpc(st);
+  }
   return absl::OkStatus();
 }
 

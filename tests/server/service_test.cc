@@ -483,7 +483,10 @@ class SecureDaemon {
     server_ = b.BuildAndStart();
   }
   ~SecureDaemon() {
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!server_) return;
+    service_->Drain();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Wait();
   }
   bool ok() const { return ok_ && server_ != nullptr; }
   std::string tcp() const { return "127.0.0.1:" + std::to_string(port_); }
