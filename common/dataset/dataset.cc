@@ -94,7 +94,30 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
 }
 
 absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_id) const {
+  parses_.fetch_add(1);
   return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
+}
+
+absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t chunk_id) const {
+  std::unique_lock<std::mutex> lock(cache_mu_);
+  while (true) {
+    CacheEntry& e = cache_[chunk_id];
+    if (auto live = e.chunk.lock()) return live;
+    if (!e.parsing) break;
+    cache_cv_.wait(lock);  // another reader is parsing it
+  }
+  cache_[chunk_id].parsing = true;
+  lock.unlock();
+  auto parsed = ParseChunk(chunk_id);
+  DoneWith(chunk_id);
+  lock.lock();
+  CacheEntry& e = cache_[chunk_id];
+  e.parsing = false;
+  cache_cv_.notify_all();
+  if (!parsed.ok()) return parsed.status();
+  std::shared_ptr<const ParsedChunk> chunk(std::move(*parsed));
+  e.chunk = chunk;
+  return chunk;
 }
 
 uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +60,14 @@ class Dataset {
   // Parses chunk `chunk_id`. Thread-safe. Errors: DataLoss once maxErrors is exceeded.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;
 
+  // The parsed chunk, shared by every reader of this dataset: a chunk some reader still
+  // holds is not parsed again, and concurrent requests for one chunk parse it once (readers
+  // of different ranks, or several subscriptions to one stream, share the work). Nothing is
+  // kept once no reader holds it. Thread-safe. Errors: as ParseChunk.
+  absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id) const;
+  // Chunks actually parsed so far (cache hits excluded).
+  uint64_t parses() const { return parses_.load(); }
+
   // The byte range of a chunk in the file (for readahead and accounting).
   uint64_t ChunkBytes(uint64_t chunk_id) const;
   void WillNeed(uint64_t chunk_id) const;
@@ -76,6 +87,14 @@ class Dataset {
   std::unique_ptr<Diagnostics> diagnostics_;
   std::unique_ptr<ErrorBudget> budget_;
   std::unique_ptr<CtfParser> parser_;
+  struct CacheEntry {
+    std::weak_ptr<const ParsedChunk> chunk;
+    bool parsing = false;
+  };
+  mutable std::mutex cache_mu_;
+  mutable std::condition_variable cache_cv_;
+  mutable std::map<uint64_t, CacheEntry> cache_;
+  mutable std::atomic<uint64_t> parses_{0};
 };
 
 }  // namespace conveyor

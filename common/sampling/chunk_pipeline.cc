@@ -58,8 +58,7 @@ void ChunkPipeline::Worker() {
     lock.unlock();
     dataset_->WillNeed(chunk);
     const auto t0 = std::chrono::steady_clock::now();
-    auto parsed = dataset_->ParseChunk(chunk);
-    dataset_->DoneWith(chunk);
+    auto parsed = dataset_->SharedChunk(chunk);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     parse_seconds_ += secs;
@@ -69,7 +68,7 @@ void ChunkPipeline::Worker() {
     Entry& e = found->second;
     e.done = true;
     if (parsed.ok()) {
-      e.data = std::shared_ptr<const ParsedChunk>(std::move(*parsed));
+      e.data = std::move(*parsed);
       if (options_.keep_all) kept_[chunk] = e.data;
     } else {
       e.status = parsed.status();

@@ -144,3 +144,41 @@ TEST_F(LoaderTest, ParseErrorBeyondTheBudgetStopsTheLoader) {
 
 }  // namespace
 }  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+TEST(SharedChunks, TwoReadersOfOneStreamParseEachChunkOnce) {
+  TempDir dir;
+  std::string data;
+  for (int i = 0; i < 2000; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + "\n";
+  DatasetConfig c = CtfDataset(dir.Write("d.ctf", data), "{a: {dim: 1, format: dense}}",
+                               "randomize: true\n    randomizationWindow: 4");
+  c.deserializers[0].chunk_size_in_bytes = 1000;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  auto cpu = MakeCpuAssembler();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 32;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 4;
+  auto a = Loader::Create(ds->get(), cpu.get(), lo);
+  auto b = Loader::Create(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Batch x, y;
+  uint64_t batches = 0;
+  while (true) {  // in lockstep, as two workers of one job would be
+    auto ma = (*a)->Next(&x);
+    auto mb = (*b)->Next(&y);
+    ASSERT_TRUE(ma.ok() && mb.ok());
+    ASSERT_EQ(*ma, *mb);
+    if (!*ma) break;
+    ASSERT_EQ(x.plan.pieces.size(), y.plan.pieces.size());
+    ++batches;
+  }
+  EXPECT_GT(batches, 50u);
+  EXPECT_EQ((*ds)->parses(), (*ds)->index().chunks.size());
+}
+
+}  // namespace
+}  // namespace conveyor::testing
