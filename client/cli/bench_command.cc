@@ -9,15 +9,21 @@
 #include "client/cli/common_options.h"
 #include "common/sampling/loader.h"
 #include "common/sampling/stream_request.h"
+#ifdef CONVEYOR_HAVE_SERVICE
+#include "client/cpp/conveyor_client.h"
+#endif
+#include <sys/stat.h>
 
 namespace conveyor::cli {
 namespace {
 
 struct BenchArgs {
-  std::string config;
+  std::string config;  // a configuration file, or a daemon address
   std::string dataset;
   StreamArgs stream;
   bool json = false;
+  std::string transport = "inline";  // from a daemon
+  uint32_t credits = 0;
 };
 
 // memchr over the file: the physical reference a parse rate is read against.
@@ -37,7 +43,57 @@ double MemchrScanSeconds(std::string_view bytes) {
   return s;
 }
 
+#ifdef CONVEYOR_HAVE_SERVICE
+// From a daemon: the batches a subscription receives, timed.
+int RunBenchRemote(const BenchArgs& args) {
+  auto request = args.stream.ToRequest();
+  if (!request.ok()) return Fail(request.status());
+  auto client = Client::Connect(args.config);
+  if (!client.ok()) return Fail(client.status());
+  v1::Subscribe s;
+  s.set_dataset(args.dataset);
+  s.set_minibatch_size(request->minibatch_size);
+  s.set_epochs(request->epochs);
+  if (request->randomize) s.set_randomize(*request->randomize);
+  if (request->seed) s.set_seed(*request->seed);
+  s.set_initial_credits(args.credits);
+  if (args.transport == "shm") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+  auto sub = (*client)->Subscribe(s);
+  if (!sub.ok()) return Fail(sub.status());
+  ReceivedBatch batch;
+  uint64_t samples = 0, batches = 0, bytes = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    auto more = (*sub)->Next(&batch);
+    if (!more.ok()) return Fail(more.status());
+    if (!*more) break;
+    samples += batch.plan().num_samples;
+    bytes += batch.bytes().size();
+    ++batches;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!args.json) {
+    std::printf("%s from %s (%s): %llu batches, %llu samples, %.1f MB of batches in %.3f s\n", args.dataset.c_str(),
+                args.config.c_str(), args.transport.c_str(), static_cast<unsigned long long>(batches),
+                static_cast<unsigned long long>(samples), bytes / 1e6, secs);
+    std::printf("  %.1f MB/s (%.2f GB/s) of batches, %.0f batches/s, %.0f samples/s\n", bytes / 1e6 / std::max(secs, 1e-9),
+                bytes / 1e9 / std::max(secs, 1e-9), batches / std::max(secs, 1e-9), samples / std::max(secs, 1e-9));
+  }
+  std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"samples\": %llu, \"batches\": %llu}\n",
+              static_cast<unsigned long long>(bytes), secs, static_cast<unsigned long long>(samples),
+              static_cast<unsigned long long>(batches));
+  return 0;
+}
+#endif
+
 int RunBench(const BenchArgs& args) {
+#ifdef CONVEYOR_HAVE_SERVICE
+  struct stat st;
+  if (::stat(args.config.c_str(), &st) != 0 &&
+      (args.config.rfind("unix:", 0) == 0 || args.config.find(':') != std::string::npos)) {
+    return RunBenchRemote(args);
+  }
+#endif
   const auto t_open = std::chrono::steady_clock::now();
   auto stream = OpenStream(args.config, args.dataset, args.stream);
   if (!stream.ok()) return Fail(stream.status());
@@ -84,12 +140,17 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "bench",
       "Read whole epochs of a dataset through indexing, randomization, parsing (--threads "
       "parser threads) and CPU batch assembly without printing batches, and report the rates "
-      "next to a memchr scan of the same file. With --json only the summary line "
+      "next to a memchr scan of the same file; or, given a daemon address, the rate a "
+      "subscription receives batches at. With --json only the summary line "
       "{\"bytes\": B, \"seconds\": S, \"samples\": N, \"batches\": M} is printed.");
-  cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
+  cmd->add_option("config", args->config,
+                  "Configuration file (YAML, JSON or a CNTK reader block), or a daemon address "
+                  "(host:port or unix:/path) to measure streaming from it")->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to read (may be left out when there is only one)");
   AddStreamOptions(cmd, &args->stream);
   cmd->add_flag("--json", args->json, "Print only the JSON summary line");
+  cmd->add_option("--transport", args->transport, "From a daemon: inline (default) or shm");
+  cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4)");
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }
 
