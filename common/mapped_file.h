@@ -20,6 +20,10 @@ struct FileStamp {
 // Returns the size and modification time of `path`; NotFound / PermissionDenied otherwise.
 absl::StatusOr<FileStamp> StatFile(const std::string& path);
 
+// The whole contents of a (small) file: configurations, certificates, tokens.
+// Errors: NotFound, PermissionDenied, Internal, each naming the path.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
 // A read-only, private mapping of a file. Movable, not copyable; unmaps on destruction.
 // The bytes stay valid for the lifetime of the object. Thread-safe for concurrent reads.
 class MappedFile {

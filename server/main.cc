@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "common/config/config_loader.h"
 #include "common/malloc_tuning.h"
+#include "common/mapped_file.h"
 #include "cuda/cuda_backend.h"
 #include "server/loader_service.h"
 
@@ -116,12 +117,9 @@ int main(int argc, char** argv) {
   if (tls_key.empty()) tls_key = config->tls_key;
   if (token_file.empty()) token_file = config->token_file;
   auto read_file = [](const std::string& path, std::string* out) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return false;
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    *out = ss.str();
-    return true;
+    auto contents = conveyor::ReadFileToString(path);
+    if (contents.ok()) *out = std::move(*contents);
+    return contents.ok();
   };
   std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
   if (!tls_cert.empty() || !tls_key.empty()) {

@@ -2,8 +2,6 @@
 // --dump the dump format (identical to `conveyor dump` with the same options).
 #include <cctype>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <cstdio>
 #include <string>
 
@@ -11,6 +9,7 @@
 #include "client/cli/common_options.h"
 #include "client/cpp/conveyor_client.h"
 #include "common/batch/dump_writer.h"
+#include "common/mapped_file.h"
 
 namespace conveyor::cli {
 namespace {
@@ -30,20 +29,16 @@ int RunSubscribe(const SubscribeArgs& args) {
   auto request = args.stream.ToRequest();
   if (!request.ok()) return Fail(request.status());
   ClientOptions co;
-  auto read_file = [](const std::string& path, std::string* out) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return false;
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    *out = ss.str();
-    return true;
-  };
-  if (!args.tls_ca.empty() && !read_file(args.tls_ca, &co.tls_root_certs)) {
-    return Fail(absl::NotFoundError("cannot read --tls-ca " + args.tls_ca));
+  if (!args.tls_ca.empty()) {
+    auto roots = ReadFileToString(args.tls_ca);
+    if (!roots.ok()) return Fail(roots.status());
+    co.tls_root_certs = *roots;
   }
   co.tls_server_name = args.tls_server_name;
   if (!args.token_file.empty()) {
-    if (!read_file(args.token_file, &co.token)) return Fail(absl::NotFoundError("cannot read --token-file " + args.token_file));
+    auto token = ReadFileToString(args.token_file);
+    if (!token.ok()) return Fail(token.status());
+    co.token = *token;
     while (!co.token.empty() && std::isspace(static_cast<unsigned char>(co.token.back()))) co.token.pop_back();
   }
   auto client = Client::Connect(args.address, co);

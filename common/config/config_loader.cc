@@ -11,7 +11,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/config/config_tree.h"
+#include "common/mapped_file.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -395,16 +397,17 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& sou
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open configuration: ", std::strerror(errno)));
+  auto text = ReadFileToString(path);
+  if (!text.ok()) {
+    // "PATH: cannot open: why" -> "PATH: cannot open configuration: why"
+    return absl::Status(text.status().code(),
+                        absl::StrReplaceAll(text.status().message(), {{": cannot open:", ": cannot open configuration:"},
+                                                                      {": cannot read:", ": cannot read configuration:"}}));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
   std::string dir;
   size_t slash = path.rfind('/');
   if (slash != std::string::npos) dir = path.substr(0, slash + 1);
-  return ParseConfig(ss.str(), path, dir);
+  return ParseConfig(*text, path, dir);
 }
 
 }  // namespace conveyor
