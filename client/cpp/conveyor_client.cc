@@ -74,14 +74,25 @@ absl::Status ReceivedBatch::Validate() {
   return absl::OkStatus();
 }
 
+// The layout of stream `s` when it has `format` and the batch's values are of type T.
 template <typename T>
-absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
-  if (s >= plan_.streams.size()) return absl::InvalidArgumentError("no such stream");
-  const StreamLayout& L = plan_.streams[s];
-  if (L.format != StreamFormat::kDense) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not dense"));
-  if ((plan_.precision == Precision::kFloat) != std::is_same<T, float>::value) {
+absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t s, StreamFormat format) {
+  if (s >= plan.streams.size()) return absl::InvalidArgumentError("no such stream");
+  const StreamLayout& L = plan.streams[s];
+  if (L.format != format) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not ", StreamFormatName(format)));
+  }
+  if ((plan.precision == Precision::kFloat) != std::is_same<T, float>::value) {
     return absl::InvalidArgumentError("element type does not match the batch's precision");
   }
+  return &L;
+}
+
+template <typename T>
+absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
+  auto checked = CheckedStream<T>(plan_, s, StreamFormat::kDense);
+  if (!checked.ok()) return checked.status();
+  const StreamLayout& L = **checked;
   DenseView<T> v;
   v.data = reinterpret_cast<const T*>(data_ + L.values.offset);
   v.rows = plan_.shape.rows;
@@ -93,12 +104,9 @@ absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
 
 template <typename T>
 absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
-  if (s >= plan_.streams.size()) return absl::InvalidArgumentError("no such stream");
-  const StreamLayout& L = plan_.streams[s];
-  if (L.format != StreamFormat::kSparse) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not sparse"));
-  if ((plan_.precision == Precision::kFloat) != std::is_same<T, float>::value) {
-    return absl::InvalidArgumentError("element type does not match the batch's precision");
-  }
+  auto checked = CheckedStream<T>(plan_, s, StreamFormat::kSparse);
+  if (!checked.ok()) return checked.status();
+  const StreamLayout& L = **checked;
   CscView<T> v;
   v.colptr = data_ + L.colptr.offset;
   v.colptr64 = L.colptr.dtype == DType::kInt64;

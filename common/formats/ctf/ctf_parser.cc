@@ -15,6 +15,16 @@ inline bool IsDelimiter(char c) {
   return c == ' ' || c == '\t' || (static_cast<unsigned char>(c) < 0x20 && c != '\n');
 }
 inline bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+// Appends the digits at *q to *m while fewer than 19 are taken in all (*n counts them).
+inline void AccumulateDigits(const char** q, const char* end, uint64_t* m, int* n) {
+  while (*q < end && *n < 19) {
+    const unsigned d = static_cast<unsigned char>(**q) - '0';
+    if (d > 9) return;
+    *m = *m * 10 + d;
+    ++*q;
+    ++*n;
+  }
+}
 // What may follow a number: end of input, a delimiter, '|' or the end of the line.
 inline bool EndsValue(const char* p, const char* end) {
   return p == end || *p == '|' || *p == '\n' || IsDelimiter(*p);
@@ -231,24 +241,14 @@ class ChunkParser {
     q += (q < end && (*q == '-' || *q == '+')) ? 1 : 0;
     const char* const first = q;
     uint64_t m = 0;
-    int n = 0, frac = 0;
-    while (q < end && n < 19) {
-      const unsigned d = static_cast<unsigned char>(*q) - '0';
-      if (d > 9) break;
-      m = m * 10 + d;
-      ++q;
-      ++n;
-    }
+    int n = 0;
+    AccumulateDigits(&q, end, &m, &n);
+    int frac = 0;
     if (n > 0 && q < end && *q == '.') {
       ++q;
-      while (q < end && n < 19) {
-        const unsigned d = static_cast<unsigned char>(*q) - '0';
-        if (d > 9) break;
-        m = m * 10 + d;
-        ++q;
-        ++n;
-        ++frac;
-      }
+      const int before = n;
+      AccumulateDigits(&q, end, &m, &n);
+      frac = n - before;
     }
     if (q > first && IsDigit(*first) && m <= kExactMantissa && frac <= kMaxExactPow10 &&
         (q == end || *q == ' ' || *q == '|' || *q == '\n' || *q == '\t' ||
