@@ -102,7 +102,13 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
     ArrayToProto(L.values, s->mutable_values());
     ArrayToProto(L.colptr, s->mutable_colptr());
     ArrayToProto(L.rowind, s->mutable_rowind());
-    s->set_layout(L.format == StreamFormat::kSparse ? v1::LAYOUT_CSC : v1::LAYOUT_NATIVE);
+    ArrayToProto(L.rowptr, s->mutable_rowptr());
+    ArrayToProto(L.colind, s->mutable_colind());
+    if (L.format != StreamFormat::kSparse) {
+      s->set_layout(v1::LAYOUT_NATIVE);
+    } else {
+      s->set_layout(L.csr() ? v1::LAYOUT_CSR : (L.dense_values() ? v1::LAYOUT_DENSE : v1::LAYOUT_CSC));
+    }
   }
   for (size_t i = 0; i < plan.pieces.size(); ++i) {
     const PlacedPiece& p = plan.pieces[i];
@@ -143,24 +149,48 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     L.sequence_axis = s.sequence_axis();
     L.max_length = s.max_length();
     L.nnz = s.nnz();
+    if (L.format == StreamFormat::kSparse) {
+      switch (s.layout()) {
+        case v1::LAYOUT_NATIVE:
+        case v1::LAYOUT_CSC:
+          break;
+        case v1::LAYOUT_CSR:
+          L.layout = OutputLayout::kCsr;
+          break;
+        case v1::LAYOUT_DENSE:
+          L.layout = OutputLayout::kDense;
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': unknown layout"));
+      }
+    }
     for (auto [src, dst, what] : {std::make_tuple(&s.lengths(), &L.lengths, "lengths"),
                                   std::make_tuple(&s.values(), &L.values, "values"),
                                   std::make_tuple(&s.colptr(), &L.colptr, "colptr"),
-                                  std::make_tuple(&s.rowind(), &L.rowind, "rowind")}) {
+                                  std::make_tuple(&s.rowind(), &L.rowind, "rowind"),
+                                  std::make_tuple(&s.rowptr(), &L.rowptr, "rowptr"),
+                                  std::make_tuple(&s.colind(), &L.colind, "colind")}) {
       auto a = ArrayFromProto(*src, total, absl::StrCat("stream '", L.name, "' ", what));
       if (!a.ok()) return a.status();
       *dst = *a;
     }
     // The arrays must have the shapes the layout implies, so that readers index safely.
-    const uint64_t T = L.sequence_axis ? L.max_length : 1;
-    const uint64_t rows = plan.shape.rows;
-    if (L.format == StreamFormat::kDense) {
+    // 128-bit products: a hostile descriptor must not wrap around to a matching size.
+    using u128 = unsigned __int128;
+    const u128 T = L.sequence_axis ? L.max_length : 1;
+    const u128 rows = plan.shape.rows;
+    if (L.dense_values()) {
       if (L.values.bytes != rows * T * L.dim * value_size) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': values do not match rows x T x dim"));
       }
+    } else if (L.csr()) {
+      const size_t ptr = L.rowptr.dtype == DType::kInt64 ? 8 : 4;
+      if (L.rowptr.bytes != (u128{L.dim} + 1) * ptr || L.colind.bytes != u128{L.nnz} * 4 || L.values.bytes != u128{L.nnz} * value_size) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': CSR arrays do not match the batch"));
+      }
     } else {
       const size_t ptr = L.colptr.dtype == DType::kInt64 ? 8 : 4;
-      if (L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != L.nnz * 4 || L.values.bytes != L.nnz * value_size) {
+      if (L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != u128{L.nnz} * 4 || L.values.bytes != u128{L.nnz} * value_size) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': CSC arrays do not match the batch"));
       }
     }

@@ -53,15 +53,27 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   auto ds = service_->registry_->Find(s.dataset());
   if (!ds.ok()) return ds.status();
   dataset_ = *ds;
+  StreamRequest r;
+  if (s.layouts_size() > 1024) return absl::InvalidArgumentError("at most 1024 layouts");
   for (const auto& [name, layout] : s.layouts()) {
-    bool known = false;
-    for (const StreamConfig& sc : dataset_->streams()) known = known || sc.name == name;
-    if (!known) return absl::InvalidArgumentError(absl::StrCat("layouts names no stream '", name.substr(0, 64), "'"));
-    if (layout != v1::LAYOUT_NATIVE && layout != v1::LAYOUT_CSC) {
-      return absl::InvalidArgumentError("only native/CSC layouts are served by this daemon version");
+    switch (layout) {
+      case v1::LAYOUT_NATIVE:
+        r.layouts[name] = OutputLayout::kNative;
+        break;
+      case v1::LAYOUT_CSC:
+        r.layouts[name] = OutputLayout::kCsc;
+        break;
+      case v1::LAYOUT_CSR:
+        r.layouts[name] = OutputLayout::kCsr;
+        break;
+      case v1::LAYOUT_DENSE:
+        r.layouts[name] = OutputLayout::kDense;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(layout), " for stream '",
+                                                       name.substr(0, 64), "'"));
     }
   }
-  StreamRequest r;
   if (s.has_randomize()) r.randomize = s.randomize();
   if (s.has_seed()) r.seed = s.seed();
   r.minibatch_size = s.minibatch_size();
@@ -81,6 +93,7 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   auto resolved = ResolveStream(*dataset_, r);
   if (!resolved.ok()) return resolved.status();
   resolved_ = std::move(*resolved);
+  resolved_.loader.pool = service_->pool_.get();
   assembler_ = MakeCpuAssembler();
   auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
   if (!loader.ok()) return loader.status();
@@ -252,6 +265,8 @@ void StreamReactor::Produce() {
       const double parsed = loader_->pipeline().parse_seconds();
       m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);
       parse_seconds_reported_ = parsed;
+      m->Occupancy(dataset_->config().name, dataset_->resident_chunks(), dataset_->resident_bytes(),
+                   service_->pool_->queued(), service_->pool_->busy());
     }
     last_cursor_ = cursor;
     for (auto& m : messages) queue_.push_back(std::move(m));
@@ -351,7 +366,10 @@ void StreamReactor::OnDone() {
 // ------------------------------------------------------------------ LoaderService
 
 LoaderService::LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceOptions options)
-    : registry_(std::move(registry)), options_(options) {}
+    : registry_(std::move(registry)), options_(options),
+      pool_(std::make_unique<ParserPool>(options_.parser_threads > 0
+                                             ? options_.parser_threads
+                                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))) {}
 
 grpc::Status LoaderService::Authorize(grpc::CallbackServerContext* ctx) const {
   if (options_.token.empty()) return grpc::Status::OK;

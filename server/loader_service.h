@@ -32,7 +32,8 @@ struct ServiceOptions {
   uint64_t inline_part_bytes = 1u << 20;  // bytes of a batch per message
   uint32_t default_credits = 4;
   uint32_t max_credits = 64;
-  int parser_threads_per_stream = 2;
+  int parser_threads = 0;             // the daemon's parser pool, shared by all subscriptions; 0: cores
+  int parser_threads_per_stream = 2;  // chunks one subscription parses at once (from the pool)
   size_t max_subscriptions = 256;
   FdServer* fd_server = nullptr;  // enables TRANSPORT_SHARED_MEMORY; not owned
   uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
@@ -128,6 +129,7 @@ class LoaderService final : public v1::Loader::CallbackService {
 
   const std::unique_ptr<DatasetRegistry> registry_;
   const ServiceOptions options_;
+  const std::unique_ptr<ParserPool> pool_;
   mutable std::mutex mu_;
   std::set<StreamReactor*> streams_;
   bool draining_ = false;

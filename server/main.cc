@@ -54,9 +54,18 @@ int main(int argc, char** argv) {
   app.add_option("--unix", unix_path, "Unix socket path (default $XDG_RUNTIME_DIR/conveyord.sock or /tmp/conveyord-UID.sock)");
   app.add_flag("--no-unix", no_unix, "Do not listen on a unix socket");
   app.add_option("--port-file", port_file, "Write the TCP port chosen to this file once listening");
-  app.add_option("--parser-threads", options.parser_threads_per_stream, "Parser threads per subscription (default 2)")
+  int parser_threads = 0, parser_threads_per_stream = 0;
+  size_t max_subscriptions = 0;
+  app.add_option("--parser-threads", parser_threads,
+                 "Parser threads shared by all subscriptions: bounds the daemon's parsing CPU (default: the "
+                 "config's server.parserThreads, else all cores)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--parser-threads-per-stream", parser_threads_per_stream,
+                 "Chunks one subscription may parse at once (default: server.parserThreadsPerStream, else 2)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--max-subscriptions", options.max_subscriptions, "Concurrent Stream calls allowed (default 256)");
+  app.add_option("--max-subscriptions", max_subscriptions,
+                 "Concurrent Stream calls allowed (default: server.maxSubscriptions, else 256)")
+      ->check(CLI::Range(size_t{1}, size_t{65536}));
   app.add_option("--inline-part-bytes", options.inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
       ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
   app.add_option("--tls-cert", tls_cert, "PEM certificate chain for TLS on TCP (default: the config's tls.cert)");
@@ -82,6 +91,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (const auto& w : config->warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+  // Flags override the config's server block, which overrides the defaults.
+  if (parser_threads == 0) parser_threads = config->server.parser_threads;
+  if (parser_threads > 0) options.parser_threads = parser_threads;
+  if (parser_threads_per_stream == 0) parser_threads_per_stream = config->server.parser_threads_per_stream;
+  if (parser_threads_per_stream > 0) options.parser_threads_per_stream = parser_threads_per_stream;
+  if (max_subscriptions == 0) max_subscriptions = config->server.max_subscriptions;
+  if (max_subscriptions > 0) options.max_subscriptions = max_subscriptions;
   auto registry = conveyor::DatasetRegistry::Open(*config, index_threads);
   if (!registry.ok()) {
     std::fprintf(stderr, "conveyord: %s\n", std::string(registry.status().message()).c_str());

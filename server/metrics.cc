@@ -12,7 +12,11 @@ Metrics::Metrics()
       parse_seconds_(prometheus::BuildCounter().Name("conveyor_parse_seconds_total").Help("Parser thread time").Register(*registry_)),
       stream_ends_(prometheus::BuildCounter().Name("conveyor_streams_ended_total").Help("Stream calls ended, by gRPC status code").Register(*registry_)),
       active_(prometheus::BuildGauge().Name("conveyor_active_streams").Help("Open Stream calls").Register(*registry_).Add({})),
-      in_flight_(prometheus::BuildGauge().Name("conveyor_batches_in_flight").Help("Batches sent and not yet acknowledged, all subscriptions (lag)").Register(*registry_).Add({})) {}
+      in_flight_(prometheus::BuildGauge().Name("conveyor_batches_in_flight").Help("Batches sent and not yet acknowledged, all subscriptions (lag)").Register(*registry_).Add({})),
+      cache_chunks_(prometheus::BuildGauge().Name("conveyor_chunk_cache_chunks").Help("Parsed chunks held in memory, by dataset").Register(*registry_)),
+      cache_bytes_(prometheus::BuildGauge().Name("conveyor_chunk_cache_bytes").Help("Heap bytes of parsed chunks held, by dataset").Register(*registry_)),
+      parse_queue_(prometheus::BuildGauge().Name("conveyor_parse_jobs_queued").Help("Chunk parses waiting for a parser thread").Register(*registry_).Add({})),
+      parsers_busy_(prometheus::BuildGauge().Name("conveyor_parser_threads_busy").Help("Parser threads parsing now").Register(*registry_).Add({})) {}
 
 int Metrics::Serve(const std::string& address) {
   try {
@@ -43,5 +47,13 @@ void Metrics::StreamEnded(int code) {
 }
 
 void Metrics::InFlight(double delta) { in_flight_.Increment(delta); }
+
+void Metrics::Occupancy(const std::string& dataset, uint64_t resident_chunks, uint64_t resident_bytes,
+                        size_t parse_jobs_queued, size_t parser_threads_busy) {
+  cache_chunks_.Add({{"dataset", dataset}}).Set(static_cast<double>(resident_chunks));
+  cache_bytes_.Add({{"dataset", dataset}}).Set(static_cast<double>(resident_bytes));
+  parse_queue_.Set(static_cast<double>(parse_jobs_queued));
+  parsers_busy_.Set(static_cast<double>(parser_threads_busy));
+}
 
 }  // namespace conveyor

@@ -1,7 +1,8 @@
 // metrics.h: the daemon's Prometheus metrics (prometheus-cpp), served over HTTP at
 // /metrics when conveyord runs with --metrics ADDR. What an operator alerts on: batches,
 // bytes and samples served, parse time, active subscriptions, batches in flight (sent, not
-// acknowledged: per-subscription lag summed), stream errors by gRPC code.
+// acknowledged: per-subscription lag summed), stream errors by gRPC code, chunk cache and
+// parser queue occupancy.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -26,6 +27,9 @@ class Metrics {
   void StreamStarted();
   void StreamEnded(int grpc_code);
   void InFlight(double delta);
+  // The chunk cache of `dataset` (parsed chunks held by readers) and the shared parser pool.
+  void Occupancy(const std::string& dataset, uint64_t resident_chunks, uint64_t resident_bytes, size_t parse_jobs_queued,
+                 size_t parser_threads_busy);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -39,6 +43,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& stream_ends_;
   prometheus::Gauge& active_;
   prometheus::Gauge& in_flight_;
+  prometheus::Family<prometheus::Gauge>& cache_chunks_;
+  prometheus::Family<prometheus::Gauge>& cache_bytes_;
+  prometheus::Gauge& parse_queue_;
+  prometheus::Gauge& parsers_busy_;
 };
 
 }  // namespace conveyor

@@ -50,12 +50,7 @@ int RunBenchRemote(const BenchArgs& args) {
   if (!request.ok()) return Fail(request.status());
   auto client = Client::Connect(args.config);
   if (!client.ok()) return Fail(client.status());
-  v1::Subscribe s;
-  s.set_dataset(args.dataset);
-  s.set_minibatch_size(request->minibatch_size);
-  s.set_epochs(request->epochs);
-  if (request->randomize) s.set_randomize(*request->randomize);
-  if (request->seed) s.set_seed(*request->seed);
+  v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
   if (args.transport == "shm") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
   auto sub = (*client)->Subscribe(s);

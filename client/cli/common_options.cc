@@ -80,6 +80,16 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
   if (parallel > 0 && truncation == 0) return absl::InvalidArgumentError("--parallel needs --truncation");
   r.resume = resume;
   r.threads = threads;
+  for (const std::string& l : layouts) {
+    const size_t eq = l.find('=');
+    const std::string kind = eq == std::string::npos ? "" : absl::AsciiStrToLower(l.substr(eq + 1));
+    OutputLayout layout;
+    if (kind == "csc" || kind == "native") layout = OutputLayout::kCsc;
+    else if (kind == "csr") layout = OutputLayout::kCsr;
+    else if (kind == "dense") layout = OutputLayout::kDense;
+    else return absl::InvalidArgumentError(absl::StrCat("--layout expects STREAM=csc|csr|dense, got '", l, "'"));
+    r.layouts[l.substr(0, eq)] = layout;
+  }
   return r;
 }
 
@@ -111,6 +121,9 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
   cmd->add_option("--parallel", a->parallel, "Truncated BPTT: parallel sequences (default: minibatch size / T)")
       ->check(CLI::Range(1u, kMaxParallel));
   cmd->add_option("--resume", a->resume, "Continue exactly after the minibatch whose \"cursor\" this is");
+  cmd->add_option("--layout", a->layouts,
+                  "STREAM=csc|csr|dense: deliver a sparse stream as CSC (its native layout), CSR or a dense "
+                  "array (repeat for several streams)");
   cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
       ->check(CLI::Range(1, 256));
 }

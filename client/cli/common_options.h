@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +47,7 @@ struct StreamArgs {
   uint32_t truncation = 0, parallel = 0;
   std::string resume;
   int threads = 1;
+  std::vector<std::string> layouts;  // NAME=csc|csr|dense
   absl::StatusOr<StreamRequest> ToRequest() const;
 };
 void AddStreamOptions(CLI::App* cmd, StreamArgs* args);

@@ -43,23 +43,10 @@ int RunSubscribe(const SubscribeArgs& args) {
   }
   auto client = Client::Connect(args.address, co);
   if (!client.ok()) return Fail(client.status());
-  v1::Subscribe s;
-  s.set_dataset(args.dataset);
-  s.set_minibatch_size(request->minibatch_size);
-  s.set_epochs(request->epochs);
-  if (request->seed) s.set_seed(*request->seed);
-  if (request->randomize) s.set_randomize(*request->randomize);
-  if (request->epoch_size) s.set_epoch_size(*request->epoch_size);
-  if (request->rank) s.set_rank(*request->rank);
-  if (request->world) s.set_world(*request->world);
-  if (request->frame_mode) s.set_frame_mode(*request->frame_mode);
-  if (request->full_minibatches) s.set_minibatch_mode(*request->full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
-  s.set_truncation(request->truncation);
-  s.set_parallel(request->parallel);
+  v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
   if (args.transport == "shm" || args.transport == "shared-memory") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
   else if (args.transport != "inline") return Fail(absl::InvalidArgumentError("--transport expects inline or shm"));
-  s.set_resume_cursor(request->resume);
   SubscribeOptions so;
   so.reconnect = !args.no_reconnect;
   auto sub = (*client)->Subscribe(s, so);

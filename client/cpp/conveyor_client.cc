@@ -21,6 +21,33 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
 }
 
+v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request) {
+  v1::Subscribe s;
+  s.set_dataset(dataset);
+  s.set_minibatch_size(request.minibatch_size);
+  s.set_epochs(request.epochs);
+  if (request.seed) s.set_seed(*request.seed);
+  if (request.randomize) s.set_randomize(*request.randomize);
+  if (request.epoch_size) s.set_epoch_size(*request.epoch_size);
+  if (request.rank) s.set_rank(*request.rank);
+  if (request.world) s.set_world(*request.world);
+  if (request.frame_mode) s.set_frame_mode(*request.frame_mode);
+  if (request.full_minibatches) {
+    s.set_minibatch_mode(*request.full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
+  }
+  s.set_truncation(request.truncation);
+  s.set_parallel(request.parallel);
+  s.set_resume_cursor(request.resume);
+  for (const auto& [name, layout] : request.layouts) {
+    v1::Layout l = v1::LAYOUT_NATIVE;
+    if (layout == OutputLayout::kCsc) l = v1::LAYOUT_CSC;
+    if (layout == OutputLayout::kCsr) l = v1::LAYOUT_CSR;
+    if (layout == OutputLayout::kDense) l = v1::LAYOUT_DENSE;
+    (*s.mutable_layouts())[name] = l;
+  }
+  return s;
+}
+
 // ------------------------------------------------------------------ ReceivedBatch
 
 int ReceivedBatch::StreamIndex(const std::string& name) const {
@@ -48,39 +75,52 @@ absl::Status ReceivedBatch::Validate() {
         if (len < 0 || static_cast<uint64_t>(len) > T) return absl::InvalidArgumentError("a length exceeds T");
       }
     }
-    if (L.format != StreamFormat::kSparse) continue;
-    const uint64_t cols = rows * T;
+    if (L.format != StreamFormat::kSparse || L.dense_values()) continue;
+    // Pointers rise from 0 to nnz and indices stay inside the matrix: readers index safely.
+    const bool csr = L.csr();
+    const ArrayDesc& ptr = csr ? L.rowptr : L.colptr;
+    const ArrayDesc& ind = csr ? L.colind : L.rowind;
+    const uint64_t outer = csr ? L.dim : rows * T, inner = csr ? rows * T : L.dim;
+    const char* what = csr ? "CSR row" : "CSC column";
     int64_t prev = 0;
-    for (uint64_t c = 0; c <= cols; ++c) {
+    for (uint64_t c = 0; c <= outer; ++c) {
       int64_t v;
-      if (L.colptr.dtype == DType::kInt64) {
-        std::memcpy(&v, base + L.colptr.offset + c * 8, 8);
+      if (ptr.dtype == DType::kInt64) {
+        std::memcpy(&v, base + ptr.offset + c * 8, 8);
       } else {
         int32_t w;
-        std::memcpy(&w, base + L.colptr.offset + c * 4, 4);
+        std::memcpy(&w, base + ptr.offset + c * 4, 4);
         v = w;
       }
-      if ((c == 0 && v != 0) || v < prev || static_cast<uint64_t>(v) > L.nnz || (c == cols && static_cast<uint64_t>(v) != L.nnz)) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': bad CSC column pointers"));
+      if ((c == 0 && v != 0) || v < prev || static_cast<uint64_t>(v) > L.nnz || (c == outer && static_cast<uint64_t>(v) != L.nnz)) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': bad ", what, " pointers"));
       }
       prev = v;
     }
     for (uint64_t k = 0; k < L.nnz; ++k) {
-      int32_t row;
-      std::memcpy(&row, base + L.rowind.offset + k * 4, 4);
-      if (row < 0 || static_cast<uint64_t>(row) >= L.dim) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': row index out of range"));
+      int32_t i;
+      std::memcpy(&i, base + ind.offset + k * 4, 4);
+      if (i < 0 || static_cast<uint64_t>(i) >= inner) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ", csr ? "column" : "row", " index out of range"));
+      }
     }
   }
   return absl::OkStatus();
 }
 
-// The layout of stream `s` when it has `format` and the batch's values are of type T.
+enum class View { kDense, kCsc, kCsr };
+
+// The layout of stream `s` when it can be read as `view` and the batch's values are of type T.
 template <typename T>
-absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t s, StreamFormat format) {
+absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t s, View view) {
   if (s >= plan.streams.size()) return absl::InvalidArgumentError("no such stream");
   const StreamLayout& L = plan.streams[s];
-  if (L.format != format) {
-    return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is not ", StreamFormatName(format)));
+  const bool fits = view == View::kDense ? L.dense_values() : (view == View::kCsc ? L.csc() : L.csr());
+  if (!fits) {
+    const char* delivered = L.dense_values() ? "dense" : (L.csr() ? "CSR" : (L.csc() ? "CSC" : StreamFormatName(L.format)));
+    const char* asked = view == View::kDense ? "dense" : (view == View::kCsc ? "CSC" : "CSR");
+    return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' was delivered as ", delivered,
+                                                   ", not ", asked, " (choose with the subscription's layouts)"));
   }
   if ((plan.precision == Precision::kFloat) != std::is_same<T, float>::value) {
     return absl::InvalidArgumentError("element type does not match the batch's precision");
@@ -90,7 +130,7 @@ absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t 
 
 template <typename T>
 absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
-  auto checked = CheckedStream<T>(plan_, s, StreamFormat::kDense);
+  auto checked = CheckedStream<T>(plan_, s, View::kDense);
   if (!checked.ok()) return checked.status();
   const StreamLayout& L = **checked;
   DenseView<T> v;
@@ -104,7 +144,7 @@ absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
 
 template <typename T>
 absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
-  auto checked = CheckedStream<T>(plan_, s, StreamFormat::kSparse);
+  auto checked = CheckedStream<T>(plan_, s, View::kCsc);
   if (!checked.ok()) return checked.status();
   const StreamLayout& L = **checked;
   CscView<T> v;
@@ -120,10 +160,30 @@ absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
   return v;
 }
 
+template <typename T>
+absl::StatusOr<CsrView<T>> ReceivedBatch::Csr(size_t s) const {
+  auto checked = CheckedStream<T>(plan_, s, View::kCsr);
+  if (!checked.ok()) return checked.status();
+  const StreamLayout& L = **checked;
+  CsrView<T> v;
+  v.rowptr = data_ + L.rowptr.offset;
+  v.rowptr64 = L.rowptr.dtype == DType::kInt64;
+  v.colind = reinterpret_cast<const int32_t*>(data_ + L.colind.offset);
+  v.values = reinterpret_cast<const T*>(data_ + L.values.offset);
+  v.steps = L.sequence_axis ? L.max_length : 1;
+  v.columns = plan_.shape.rows * v.steps;
+  v.nnz = L.nnz;
+  v.dim = L.dim;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
+  return v;
+}
+
 template absl::StatusOr<DenseView<float>> ReceivedBatch::Dense<float>(size_t) const;
 template absl::StatusOr<DenseView<double>> ReceivedBatch::Dense<double>(size_t) const;
 template absl::StatusOr<CscView<float>> ReceivedBatch::Csc<float>(size_t) const;
 template absl::StatusOr<CscView<double>> ReceivedBatch::Csc<double>(size_t) const;
+template absl::StatusOr<CsrView<float>> ReceivedBatch::Csr<float>(size_t) const;
+template absl::StatusOr<CsrView<double>> ReceivedBatch::Csr<double>(size_t) const;
 
 // ------------------------------------------------------------------ Subscription
 

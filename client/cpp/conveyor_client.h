@@ -26,9 +26,14 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/batch/batch_layout.h"
+#include "common/sampling/stream_request.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 
 namespace conveyor {
+
+// The Subscribe message for `request` (what the CLI's stream flags ask for) on `dataset`.
+// Credits and transport are left to the caller.
+v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request);
 
 template <typename T>
 struct DenseView {
@@ -51,6 +56,20 @@ struct CscView {
   }
 };
 
+// A sparse stream delivered as CSR: the same dim x columns matrix stored by rows.
+template <typename T>
+struct CsrView {
+  const void* rowptr = nullptr;  // int32 or int64, [dim + 1]
+  bool rowptr64 = false;
+  const int32_t* colind = nullptr;  // the column of each entry, ascending within a row
+  const T* values = nullptr;
+  uint64_t columns = 0, nnz = 0, dim = 0, steps = 1;
+  const int32_t* lengths = nullptr;
+  int64_t begin(uint64_t row) const {
+    return rowptr64 ? static_cast<const int64_t*>(rowptr)[row] : static_cast<const int32_t*>(rowptr)[row];
+  }
+};
+
 class ReceivedBatch {
  public:
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
@@ -62,12 +81,16 @@ class ReceivedBatch {
   uint64_t serial() const { return descriptor_.serial(); }
   // Index of the stream called `name`, or -1.
   int StreamIndex(const std::string& name) const;
-  // Typed views; T must match the batch's precision (float or double). Errors:
-  // InvalidArgument for a wrong stream index, format or element type.
+  // Typed views; T must match the batch's precision (float or double). Dense() serves
+  // dense streams and sparse streams subscribed as LAYOUT_DENSE; Csc() sparse streams in
+  // their native layout; Csr() those subscribed as LAYOUT_CSR. Errors: InvalidArgument
+  // for a wrong stream index, layout or element type.
   template <typename T>
   absl::StatusOr<DenseView<T>> Dense(size_t stream) const;
   template <typename T>
   absl::StatusOr<CscView<T>> Csc(size_t stream) const;
+  template <typename T>
+  absl::StatusOr<CsrView<T>> Csr(size_t stream) const;
 
  private:
   friend class Subscription;

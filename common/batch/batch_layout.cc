@@ -36,6 +36,29 @@ const char* DTypeName(DType t) {
   return "?";
 }
 
+const char* OutputLayoutName(OutputLayout l) {
+  switch (l) {
+    case OutputLayout::kNative:
+      return "native";
+    case OutputLayout::kCsc:
+      return "csc";
+    case OutputLayout::kCsr:
+      return "csr";
+    case OutputLayout::kDense:
+      return "dense";
+  }
+  return "?";
+}
+
+absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout) {
+  if (layout == OutputLayout::kNative) return absl::OkStatus();
+  if (format == StreamFormat::kSparse) return absl::OkStatus();
+  if (format == StreamFormat::kDense && layout == OutputLayout::kDense) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("stream '", stream, "' is ", StreamFormatName(format),
+                                                 ": layout ", OutputLayoutName(layout),
+                                                 " applies to sparse streams only"));
+}
+
 namespace {
 
 uint64_t AlignUp(uint64_t x) { return (x + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment; }
@@ -62,7 +85,11 @@ uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
 }
 
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
-                                    const BatchShape& shape, absl::Span<const PieceRef> pieces) {
+                                    const BatchShape& shape, absl::Span<const PieceRef> pieces,
+                                    absl::Span<const OutputLayout> layouts) {
+  if (!layouts.empty() && layouts.size() != streams.size()) {
+    return absl::InternalError("one layout per stream expected");
+  }
   BatchPlan plan;
   plan.precision = precision;
   plan.shape = shape;
@@ -123,6 +150,10 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     L.format = streams[s].format;
     L.dim = static_cast<uint32_t>(streams[s].dim);
     L.sequence_axis = !shape.frame_mode;
+    if (!layouts.empty()) {
+      if (absl::Status st = CheckLayout(L.name, L.format, layouts[s]); !st.ok()) return st;
+      if (L.format == StreamFormat::kSparse && layouts[s] != OutputLayout::kCsc) L.layout = layouts[s];
+    }
     for (size_t i = 0; i < pieces.size(); ++i) {
       const uint32_t c = plan.count(i, s);
       L.max_length = std::max<uint64_t>(L.max_length, pieces[i].t0 + c);
@@ -138,15 +169,28 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     if (bptt) L.max_length = shape.steps;
     const uint64_t T = L.max_length;
     if (L.sequence_axis) Place(&L.lengths, DType::kInt32, {n}, &cursor);
-    if (L.format == StreamFormat::kDense) {
+    const uint64_t cols = L.sequence_axis ? n * T : n;
+    const DType ptr_type = L.nnz > static_cast<uint64_t>(INT32_MAX) ? DType::kInt64 : DType::kInt32;
+    if (L.dense_values()) {
+      const unsigned __int128 want = static_cast<unsigned __int128>(cols) * L.dim * DTypeSize(value_type);
+      if (want > kMaxBatchBytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "stream '", L.name, "' as dense needs ", static_cast<uint64_t>(want >> 20), " MiB for ", cols,
+            " samples x dim ", L.dim, " (at most ", kMaxBatchBytes >> 20, " MiB); ask for CSC or CSR"));
+      }
       if (L.sequence_axis) {
         Place(&L.values, value_type, {n, T, L.dim}, &cursor);
       } else {
         Place(&L.values, value_type, {n, L.dim}, &cursor);
       }
+    } else if (L.csr()) {
+      if (cols > static_cast<uint64_t>(INT32_MAX)) {
+        return absl::ResourceExhaustedError(absl::StrCat("stream '", L.name, "': ", cols, " columns do not fit CSR's int32 column indices"));
+      }
+      Place(&L.rowptr, ptr_type, {uint64_t{L.dim} + 1}, &cursor);
+      Place(&L.colind, DType::kInt32, {L.nnz}, &cursor);
+      Place(&L.values, value_type, {L.nnz}, &cursor);
     } else {
-      const uint64_t cols = L.sequence_axis ? n * T : n;
-      const DType ptr_type = L.nnz > static_cast<uint64_t>(INT32_MAX) ? DType::kInt64 : DType::kInt32;
       Place(&L.colptr, ptr_type, {cols + 1}, &cursor);
       Place(&L.rowind, DType::kInt32, {L.nnz}, &cursor);
       Place(&L.values, value_type, {L.nnz}, &cursor);
@@ -154,6 +198,10 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     plan.streams.push_back(std::move(L));
   }
   plan.total_bytes = AlignUp(cursor);
+  if (plan.total_bytes > kMaxBatchBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("a batch of ", plan.total_bytes >> 20, " MiB exceeds the ",
+                                                     kMaxBatchBytes >> 20, " MiB limit; ask for smaller minibatches"));
+  }
   return plan;
 }
 

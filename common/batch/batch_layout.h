@@ -8,7 +8,12 @@
 // Truncated BPTT adds, before the streams, mask[N][T] (uint8: 1 valid step, 0 gap) and
 // flags[N][T] (uint8: bit 0 a sequence begins at this step, bit 1 one ends there); every
 // stream then has T = the truncation length.
-// colptr is int32 unless nnz needs int64. Every array starts 256-byte aligned, and every
+// A subscriber may ask for a sparse stream in another layout (OutputLayout):
+//   CSR:   rowptr[dim+1], colind[nnz] (int32: the column above), values[nnz] -- the same
+//          dim x columns matrix stored by rows; within a row, entries in column order
+//   dense: like a dense stream (values[N][dim] or lengths + values[N][T][dim]); entries
+//          of one sample with the same index are summed
+// colptr/rowptr are int32 unless nnz needs int64. Every array starts 256-byte aligned, and every
 // byte of the slot up to total_bytes is defined (gaps and padding are zero), so two
 // assemblers can be compared byte for byte.
 #pragma once
@@ -39,15 +44,26 @@ struct ArrayDesc {
   bool present() const { return !shape.empty(); }
 };
 
+// How a stream is delivered. kNative: dense as dense, sparse as CSC.
+enum class OutputLayout : uint8_t { kNative = 0, kCsc = 1, kCsr = 2, kDense = 3 };
+const char* OutputLayoutName(OutputLayout l);
+
 struct StreamLayout {
   std::string name;
   StreamFormat format = StreamFormat::kDense;
+  OutputLayout layout = OutputLayout::kNative;  // as delivered (never kCsc: sparse native is CSC)
   uint32_t dim = 0;
   bool sequence_axis = false;  // false in frame mode
   uint64_t max_length = 0;     // T
   uint64_t num_samples = 0;    // real (unpadded) samples in the batch
   uint64_t nnz = 0;            // sparse
   ArrayDesc lengths, values, colptr, rowind;
+  ArrayDesc rowptr, colind;  // CSR only
+  // Arrays hold a dense [N][T][dim] (or [N][dim]) block: dense streams and sparse-as-dense.
+  bool dense_values() const { return format == StreamFormat::kDense || layout == OutputLayout::kDense; }
+  bool csr() const { return format == StreamFormat::kSparse && layout == OutputLayout::kCsr; }
+  bool csc() const { return format == StreamFormat::kSparse && !dense_values() && !csr(); }
+  uint64_t columns(uint64_t rows) const { return rows * (sequence_axis ? max_length : 1); }
 };
 
 // One piece of a sequence placed in the batch: samples [sample_begin, sample_begin+count)
@@ -94,11 +110,20 @@ struct BatchPlan {
   uint32_t count(size_t piece, size_t stream) const { return counts[piece * num_streams + stream]; }
 };
 
+// Largest batch a plan may lay out (a sparse stream asked for as dense can be huge).
+inline constexpr uint64_t kMaxBatchBytes = uint64_t{16} << 30;
+
 // Plans the batch of `pieces` (all from chunks parsed with `streams` and `precision`).
+// `layouts` is empty (all native) or one per stream; only sparse streams take kCsr/kDense.
 // Errors: InvalidArgument when a frame-mode piece has several samples, a piece falls
-// outside its row in BPTT, streams of a BPTT piece differ in length, or rows overlap.
+// outside its row in BPTT, streams of a BPTT piece differ in length, a layout does not
+// apply to its stream; ResourceExhausted past kMaxBatchBytes.
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
-                                    const BatchShape& shape, absl::Span<const PieceRef> pieces);
+                                    const BatchShape& shape, absl::Span<const PieceRef> pieces,
+                                    absl::Span<const OutputLayout> layouts = {});
+
+// Checks that `layout` applies to a stream of `format` (message names the stream).
+absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout);
 
 // Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
 uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin);

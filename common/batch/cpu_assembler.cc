@@ -19,39 +19,15 @@ std::vector<uint32_t> ColumnOrder(absl::Span<const PieceRef> pieces) {
   return order;
 }
 
+// Sparse CSC of stream `s`: one column per (row, step); steps no piece covers are empty
+// columns. colptr is int64 when `wide`, else int32.
 template <typename T>
-void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
-                    const std::vector<uint32_t>& order, std::byte* dst) {
+void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces, const std::vector<uint32_t>& order,
+              bool wide, void* colptr_out, int32_t* rowind, T* values) {
   const StreamLayout& L = plan.streams[s];
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
-  const uint64_t rows = plan.shape.rows;
-  if (L.lengths.present()) {
-    auto* lengths = reinterpret_cast<int32_t*>(dst + L.lengths.offset);
-    std::memset(lengths, 0, rows * sizeof(int32_t));
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
-      lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
-    }
-  }
-  if (L.format == StreamFormat::kDense) {
-    T* out = reinterpret_cast<T*>(dst + L.values.offset);
-    const uint64_t row_values = L.dim;
-    std::memset(out, 0, L.values.bytes);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const PieceRef& p = pieces[i];
-      uint64_t b;
-      const uint32_t c = PieceSamples(p, s, &b);
-      std::memcpy(out + (p.row * T_len + p.t0) * row_values,
-                  p.chunk->streams[s].values<T>().data() + b * row_values, c * row_values * sizeof(T));
-    }
-    return;
-  }
-  // Sparse CSC: one column per (row, step); steps no piece covers are empty columns.
-  const bool wide = L.colptr.dtype == DType::kInt64;
-  auto* colptr32 = reinterpret_cast<int32_t*>(dst + L.colptr.offset);
-  auto* colptr64 = reinterpret_cast<int64_t*>(dst + L.colptr.offset);
-  auto* rowind = reinterpret_cast<int32_t*>(dst + L.rowind.offset);
-  T* values = reinterpret_cast<T*>(dst + L.values.offset);
+  auto* colptr32 = static_cast<int32_t*>(colptr_out);
+  auto* colptr64 = static_cast<int64_t*>(colptr_out);
   uint64_t col = 0, nnz = 0;
   auto fill_to = [&](uint64_t end_col) {  // empty columns up to end_col
     for (; col < end_col; ++col) {
@@ -75,7 +51,74 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
     std::memcpy(values + nnz, ps.values<T>().data() + nb, (ne - nb) * sizeof(T));
     nnz += ne - nb;
   }
-  fill_to(rows * T_len + 1);
+  fill_to(plan.shape.rows * T_len + 1);
+}
+
+template <typename T>
+void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
+                    const std::vector<uint32_t>& order, std::byte* dst) {
+  const StreamLayout& L = plan.streams[s];
+  const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
+  const uint64_t rows = plan.shape.rows;
+  if (L.lengths.present()) {
+    auto* lengths = reinterpret_cast<int32_t*>(dst + L.lengths.offset);
+    std::memset(lengths, 0, rows * sizeof(int32_t));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
+      lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
+    }
+  }
+  if (L.dense_values()) {
+    T* out = reinterpret_cast<T*>(dst + L.values.offset);
+    const uint64_t row_values = L.dim;
+    std::memset(out, 0, L.values.bytes);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PieceRef& p = pieces[i];
+      const ParsedStream& ps = p.chunk->streams[s];
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      T* at = out + (p.row * T_len + p.t0) * row_values;
+      if (L.format == StreamFormat::kDense) {
+        std::memcpy(at, ps.values<T>().data() + b * row_values, c * row_values * sizeof(T));
+        continue;
+      }
+      // A sparse stream asked for as dense: scatter, summing repeated indices in file order.
+      const T* v = ps.values<T>().data();
+      for (uint32_t t = 0; t < c; ++t, at += row_values) {
+        for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
+      }
+    }
+    return;
+  }
+  if (L.csc()) {
+    BuildCsc<T>(plan, s, pieces, order, L.colptr.dtype == DType::kInt64, dst + L.colptr.offset,
+                reinterpret_cast<int32_t*>(dst + L.rowind.offset), reinterpret_cast<T*>(dst + L.values.offset));
+    return;
+  }
+  // CSR of the same matrix: build CSC, then count entries per row and place each column's
+  // entries in column order (a stable transpose).
+  const uint64_t cols = L.columns(rows);
+  std::vector<int64_t> colptr(cols + 1);
+  std::vector<int32_t> rowind(L.nnz);
+  std::vector<T> csc_values(L.nnz);
+  BuildCsc<T>(plan, s, pieces, order, true, colptr.data(), rowind.data(), csc_values.data());
+  std::vector<uint64_t> next(uint64_t{L.dim} + 1, 0);
+  for (int32_t r : rowind) ++next[static_cast<uint64_t>(r) + 1];
+  for (uint64_t r = 0; r < L.dim; ++r) next[r + 1] += next[r];
+  const bool wide = L.rowptr.dtype == DType::kInt64;
+  for (uint64_t r = 0; r <= L.dim; ++r) {
+    if (wide) reinterpret_cast<int64_t*>(dst + L.rowptr.offset)[r] = static_cast<int64_t>(next[r]);
+    else reinterpret_cast<int32_t*>(dst + L.rowptr.offset)[r] = static_cast<int32_t>(next[r]);
+  }
+  auto* colind = reinterpret_cast<int32_t*>(dst + L.colind.offset);
+  T* values = reinterpret_cast<T*>(dst + L.values.offset);
+  for (uint64_t c = 0; c < cols; ++c) {
+    for (int64_t k = colptr[c]; k < colptr[c + 1]; ++k) {
+      const uint64_t at = next[static_cast<uint64_t>(rowind[k])]++;
+      colind[at] = static_cast<int32_t>(c);
+      values[at] = csc_values[k];
+    }
+  }
 }
 
 class CpuAssembler final : public BatchAssembler {
@@ -101,6 +144,8 @@ class CpuAssembler final : public BatchAssembler {
       gap_to(L.lengths);
       gap_to(L.colptr);
       gap_to(L.rowind);
+      gap_to(L.rowptr);
+      gap_to(L.colind);
       gap_to(L.values);
     }
     std::memset(dst.data() + cursor, 0, plan.total_bytes - cursor);

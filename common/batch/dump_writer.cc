@@ -38,12 +38,38 @@ int64_t LoadIndex(const ArrayDesc& a, const std::byte* base, uint64_t i) {
                                   : Load<int32_t>(base + a.offset + i * 4);
 }
 
+// A CSR stream read by columns: for column c, entries [colptr[c], colptr[c+1]) of `row`
+// (its row index) and `entry` (its position in the CSR arrays), rows ascending.
+struct Columns {
+  std::vector<uint64_t> colptr;
+  std::vector<int32_t> row;
+  std::vector<uint64_t> entry;
+};
+
+Columns CsrColumns(const StreamLayout& L, uint64_t cols, const std::byte* base) {
+  Columns c;
+  c.colptr.assign(cols + 1, 0);
+  c.row.resize(L.nnz);
+  c.entry.resize(L.nnz);
+  for (uint64_t k = 0; k < L.nnz; ++k) ++c.colptr[Load<int32_t>(base + L.colind.offset + k * 4) + 1];
+  for (uint64_t j = 0; j < cols; ++j) c.colptr[j + 1] += c.colptr[j];
+  std::vector<uint64_t> next(c.colptr.begin(), c.colptr.end() - 1);
+  for (uint64_t r = 0; r < L.dim; ++r) {
+    for (int64_t k = LoadIndex(L.rowptr, base, r); k < LoadIndex(L.rowptr, base, r + 1); ++k) {
+      const uint64_t at = next[Load<int32_t>(base + L.colind.offset + k * 4)]++;
+      c.row[at] = static_cast<int32_t>(r);
+      c.entry[at] = static_cast<uint64_t>(k);
+    }
+  }
+  return c;
+}
+
 template <typename T>
 void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, const std::byte* base,
-                  std::string* out) {
+                  const Columns* csr, std::string* out) {
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
   const T* values = reinterpret_cast<const T*>(base + L.values.offset);
-  if (L.format == StreamFormat::kDense) {
+  if (L.dense_values()) {
     out->append("{\"dense\":[");
     for (uint64_t t = 0; t < count; ++t) {
       if (t) out->push_back(',');
@@ -63,6 +89,16 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
     if (t) out->push_back(',');
     out->push_back('[');
     const uint64_t col = p.row * T_len + p.t0 + t;
+    if (csr != nullptr) {
+      for (uint64_t k = csr->colptr[col]; k < csr->colptr[col + 1]; ++k) {
+        if (k > csr->colptr[col]) out->push_back(',');
+        absl::StrAppend(out, "[", csr->row[k], ",");
+        AppendNumber(values[csr->entry[k]], out);
+        out->push_back(']');
+      }
+      out->push_back(']');
+      continue;
+    }
     const int64_t b = LoadIndex(L.colptr, base, col), e = LoadIndex(L.colptr, base, col + 1);
     for (int64_t k = b; k < e; ++k) {
       if (k > b) out->push_back(',');
@@ -98,6 +134,10 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
     const PlacedPiece &x = plan.pieces[a], &y = plan.pieces[b];
     return x.row != y.row ? x.row < y.row : x.t0 < y.t0;
   });
+  std::vector<Columns> csr(plan.streams.size());
+  for (size_t s = 0; s < plan.streams.size(); ++s) {
+    if (plan.streams[s].csr()) csr[s] = CsrColumns(plan.streams[s], plan.streams[s].columns(plan.shape.rows), base);
+  }
   for (size_t n = 0; n < order.size(); ++n) {
     const PlacedPiece& p = plan.pieces[order[n]];
     absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"", p.key);
@@ -115,9 +155,9 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
       }
       out->append("\":");
       if (plan.precision == Precision::kFloat) {
-        AppendStream<float>(plan.streams[s], p, plan.count(order[n], s), base, out);
+        AppendStream<float>(plan.streams[s], p, plan.count(order[n], s), base, plan.streams[s].csr() ? &csr[s] : nullptr, out);
       } else {
-        AppendStream<double>(plan.streams[s], p, plan.count(order[n], s), base, out);
+        AppendStream<double>(plan.streams[s], p, plan.count(order[n], s), base, plan.streams[s].csr() ? &csr[s] : nullptr, out);
       }
     }
     out->push_back('}');

@@ -2,6 +2,8 @@
 // sequence in delivery order, read back out of an assembled batch (so that a dump checks
 // the batch layout, not the parser's columns):
 //   {"epoch":0,"batch":0,"key":"100","streams":{"a":{"dense":[[1,2,3]]},"b":{"sparse":[[[3,1.5]]]}}}
+// A sparse stream delivered as CSR prints each sample's entries in ascending index order;
+// one delivered as dense prints as a dense stream.
 // floats print with %.9g, doubles with %.17g; non-finite values as Infinity/-Infinity/NaN.
 #pragma once
 

@@ -312,11 +312,29 @@ class Converter {
       } else if (key == "tokenfile") {
         ASSIGN_OR_RETURN(std::string f, String(v, k));
         out_->token_file = JoinPath(base_dir_, f);
+      } else if (key == "server") {
+        if (!v.is_map()) return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N}'");
+        for (const auto& [sk, sv] : v.map) {
+          const std::string skey = Lower(sk);
+          if (skey == "parserthreads") {
+            ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 1, 1024));
+            out_->server.parser_threads = static_cast<int>(n);
+          } else if (skey == "parserthreadsperstream") {
+            ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 1, 64));
+            out_->server.parser_threads_per_stream = static_cast<int>(n);
+          } else if (skey == "maxsubscriptions") {
+            ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 1, 65536));
+            out_->server.max_subscriptions = n;
+          } else {
+            return Error(sv, absl::StrCat("unknown key '", sk,
+                                          "' in server (expected parserThreads, parserThreadsPerStream, maxSubscriptions)"));
+          }
+        }
       } else if (key == "datasets") {
         if (!v.is_map() || v.map.empty()) return Error(v, "expected 'datasets' to map names to dataset blocks");
         for (const auto& [name, ds] : v.map) RETURN_IF_ERROR(Dataset(name, ds, Precision::kFloat));
       } else {
-        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, tls, tokenFile, datasets)"));
+        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, tls, tokenFile, server, datasets)"));
       }
     }
     if (out_->datasets.empty()) return Error(root, "the configuration defines no dataset ('datasets:' is missing)");

@@ -65,6 +65,11 @@ struct Config {
   std::string listen;  // daemon address; empty: the daemon's default
   std::string tls_cert, tls_key;  // PEM files (resolved) for TLS on TCP; empty: plaintext
   std::string token_file;         // bearer token required on TCP; empty: none
+  struct Server {                 // daemon limits (`server:`); 0: the daemon's default
+    int parser_threads = 0;             // parser pool shared by every subscription
+    int parser_threads_per_stream = 0;  // chunks one subscription parses at once
+    uint64_t max_subscriptions = 0;
+  } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print
 

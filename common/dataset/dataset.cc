@@ -115,7 +115,14 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   e.parsing = false;
   cache_cv_.notify_all();
   if (!parsed.ok()) return parsed.status();
-  std::shared_ptr<const ParsedChunk> chunk(std::move(*parsed));
+  const uint64_t bytes = (*parsed)->MemoryBytes();
+  resident_->chunks += 1;
+  resident_->bytes += bytes;
+  std::shared_ptr<const ParsedChunk> chunk((*parsed).release(), [resident = resident_, bytes](const ParsedChunk* c) {
+    resident->chunks -= 1;
+    resident->bytes -= bytes;
+    delete c;
+  });
   e.chunk = chunk;
   return chunk;
 }

@@ -67,6 +67,10 @@ class Dataset {
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id) const;
   // Chunks actually parsed so far (cache hits excluded).
   uint64_t parses() const { return parses_.load(); }
+  // Parsed chunks held by readers right now, and their heap bytes (the chunk cache's
+  // occupancy: it holds nothing no reader holds).
+  uint64_t resident_chunks() const { return resident_->chunks.load(); }
+  uint64_t resident_bytes() const { return resident_->bytes.load(); }
 
   // The byte range of a chunk in the file (for readahead and accounting).
   uint64_t ChunkBytes(uint64_t chunk_id) const;
@@ -95,6 +99,10 @@ class Dataset {
   mutable std::condition_variable cache_cv_;
   mutable std::map<uint64_t, CacheEntry> cache_;
   mutable std::atomic<uint64_t> parses_{0};
+  struct Resident {  // shared with the chunks' deleters, which may outlive the dataset
+    std::atomic<uint64_t> chunks{0}, bytes{0};
+  };
+  std::shared_ptr<Resident> resident_ = std::make_shared<Resident>();
 };
 
 }  // namespace conveyor

@@ -1,22 +1,34 @@
 #include "common/sampling/chunk_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace conveyor {
 
 ChunkPipeline::ChunkPipeline(const Dataset* dataset, const ChunkPipelineOptions& options)
     : dataset_(dataset), options_(options) {
-  const int n = std::max(1, options_.threads);
-  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Worker(); });
+  if (options_.pool == nullptr) own_pool_ = std::make_unique<ParserPool>(std::max(1, options_.threads));
+  pool_ = options_.pool != nullptr ? options_.pool : own_pool_.get();
 }
 
 ChunkPipeline::~ChunkPipeline() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
+    // Jobs still queued in the pool run and return at once; running ones finish their chunk.
+    idle_cv_.wait(lock, [&] { return jobs_ == 0; });
   }
-  work_cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  own_pool_.reset();
+}
+
+void ChunkPipeline::Schedule() {
+  const uint64_t budget = static_cast<uint64_t>(std::max(1, options_.threads));
+  const uint64_t prefetch = static_cast<uint64_t>(std::max(1, options_.prefetch));
+  while (!stop_ && jobs_ < budget && unstarted_ > unclaimed_ && ahead_ + unclaimed_ < prefetch) {
+    ++jobs_;
+    ++unclaimed_;
+    pool_->Submit([this] { RunJob(); });
+  }
 }
 
 uint64_t ChunkPipeline::Enqueue(uint64_t chunk_id) {
@@ -29,30 +41,29 @@ uint64_t ChunkPipeline::Enqueue(uint64_t chunk_id) {
     e.data = it->second;
     return ticket;
   }
-  work_cv_.notify_one();
+  ++unstarted_;
+  Schedule();
   return ticket;
 }
 
-void ChunkPipeline::Worker() {
+void ChunkPipeline::RunJob() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    Entry* todo = nullptr;
-    uint64_t ticket = 0;
-    work_cv_.wait(lock, [&] {
-      if (stop_) return true;
-      if (ahead_ >= static_cast<uint64_t>(std::max(1, options_.prefetch))) return false;
-      for (auto& [t, e] : entries_) {
-        if (!e.started) {
-          todo = &e;
-          ticket = t;
-          return true;
-        }
+  --unclaimed_;
+  Entry* todo = nullptr;
+  uint64_t ticket = 0;
+  if (!stop_ && ahead_ < static_cast<uint64_t>(std::max(1, options_.prefetch))) {
+    for (auto& [t, e] : entries_) {
+      if (!e.started) {
+        todo = &e;
+        ticket = t;
+        break;
       }
-      return false;
-    });
-    if (stop_) return;
+    }
+  }
+  if (todo != nullptr) {
     todo->started = true;
     todo->counted = true;
+    --unstarted_;
     ++ahead_;
     const uint64_t chunk = todo->chunk;
     lock.unlock();
@@ -63,18 +74,21 @@ void ChunkPipeline::Worker() {
     lock.lock();
     parse_seconds_ += secs;
     ++chunks_parsed_;
-    auto found = entries_.find(ticket);
-    if (found == entries_.end()) continue;  // released while being parsed
-    Entry& e = found->second;
-    e.done = true;
-    if (parsed.ok()) {
-      e.data = std::move(*parsed);
-      if (options_.keep_all) kept_[chunk] = e.data;
-    } else {
-      e.status = parsed.status();
+    if (auto found = entries_.find(ticket); found != entries_.end()) {  // else released while parsed
+      Entry& e = found->second;
+      e.done = true;
+      if (parsed.ok()) {
+        e.data = std::move(*parsed);
+        if (options_.keep_all) kept_[chunk] = e.data;
+      } else {
+        e.status = parsed.status();
+      }
+      done_cv_.notify_all();
     }
-    done_cv_.notify_all();
   }
+  --jobs_;
+  Schedule();
+  idle_cv_.notify_all();
 }
 
 absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t ticket) {
@@ -84,9 +98,9 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
   done_cv_.wait(lock, [&] { return it->second.done; });
   if (!it->second.taken) {
     it->second.taken = true;
-    if (it->second.counted) {  // a worker may now run one chunk further ahead
+    if (it->second.counted) {  // a job may now run one chunk further ahead
       --ahead_;
-      work_cv_.notify_one();
+      Schedule();
     }
   }
   if (!it->second.status.ok()) return it->second.status;
@@ -97,11 +111,10 @@ void ChunkPipeline::Release(uint64_t ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return;
-  if (it->second.counted && !it->second.taken) {
-    --ahead_;
-    work_cv_.notify_one();
-  }
+  if (!it->second.started) --unstarted_;
+  if (it->second.counted && !it->second.taken) --ahead_;
   entries_.erase(it);
+  Schedule();
 }
 
 uint64_t ChunkPipeline::chunks_parsed() const {

@@ -2,7 +2,8 @@
 // consumer will need them. The consumer enqueues chunk ids in order of use and gets a ticket
 // for each; workers parse at most `prefetch` chunks beyond those the consumer has taken;
 // Get(ticket) waits for its chunk; Release(ticket) drops it (unless keep_all, which keeps
-// every parsed chunk for later epochs, CNTK's keepDataInMemory).
+// every parsed chunk for later epochs, CNTK's keepDataInMemory). Parsing runs on a
+// ParserPool: the daemon's shared one, or one the pipeline owns.
 #pragma once
 
 #include <condition_variable>
@@ -17,20 +18,22 @@
 #include "absl/status/statusor.h"
 #include "common/batch/parsed_chunk.h"
 #include "common/dataset/dataset.h"
+#include "common/sampling/parser_pool.h"
 
 namespace conveyor {
 
 struct ChunkPipelineOptions {
-  int threads = 1;    // parser threads, >= 1
+  int threads = 1;    // chunks parsed at once, >= 1 (threads of its own pool, if it owns one)
   int prefetch = 2;   // chunks parsed ahead of the consumer, >= 1
   bool keep_all = false;
+  ParserPool* pool = nullptr;  // shared threads (must outlive the pipeline); nullptr: own pool
 };
 
 class ChunkPipeline {
  public:
-  // `dataset` must outlive the pipeline. Starts the threads.
+  // `dataset` must outlive the pipeline.
   ChunkPipeline(const Dataset* dataset, const ChunkPipelineOptions& options);
-  // Stops and joins the threads; chunks being parsed are finished first.
+  // Stops; waits for the chunks being parsed for it.
   ~ChunkPipeline();
   ChunkPipeline(const ChunkPipeline&) = delete;
   ChunkPipeline& operator=(const ChunkPipeline&) = delete;
@@ -53,20 +56,27 @@ class ChunkPipeline {
     absl::Status status;
     std::shared_ptr<const ParsedChunk> data;
   };
-  void Worker();
+  // Submits parse jobs while there is work, room ahead and thread budget (mu_ held).
+  void Schedule();
+  // One job: parses the first unstarted chunk, if any.
+  void RunJob();
 
   const Dataset* const dataset_;
   const ChunkPipelineOptions options_;
+  std::unique_ptr<ParserPool> own_pool_;
+  ParserPool* pool_;
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
+  std::condition_variable done_cv_, idle_cv_;
   std::map<uint64_t, Entry> entries_;  // by ticket
   std::map<uint64_t, std::shared_ptr<const ParsedChunk>> kept_;  // by chunk id (keep_all)
   uint64_t next_ticket_ = 0;
   uint64_t ahead_ = 0;  // started or done, not yet taken
+  uint64_t unstarted_ = 0;  // entries no job has started
+  uint64_t jobs_ = 0;       // jobs submitted and not finished
+  uint64_t unclaimed_ = 0;  // of those, not yet running
   uint64_t chunks_parsed_ = 0;
   double parse_seconds_ = 0;
   bool stop_ = false;
-  std::vector<std::thread> threads_;
 };
 
 }  // namespace conveyor

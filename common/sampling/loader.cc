@@ -19,8 +19,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const Dataset* dataset,
 Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
                const LoaderOptions& options)
     : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)),
-      bptt_(options.planner.truncation > 0) {
+      bptt_(options.planner.truncation > 0), layouts_(options.layouts) {
   ChunkPipelineOptions po;
+  po.pool = options.pool;
   po.threads = options.threads;
   po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
   po.keep_all = dataset->config().keep_data_in_memory;
@@ -158,7 +159,7 @@ absl::StatusOr<bool> Loader::Next(Batch* out) {
   shape.rows = rows;
   shape.steps = p.batch.steps;
   shape.frame_mode = frame_mode;
-  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs);
+  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_);
   if (!plan.ok()) {
     for (uint64_t t : used) Unref(t);
     return plan.status();

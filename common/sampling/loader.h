@@ -30,6 +30,8 @@ struct LoaderOptions {
   int threads = 1;   // parser threads
   int prefetch = 0;  // chunks parsed ahead; 0: 2 per thread
   std::optional<CursorState> resume;  // continue after the batch this state follows
+  std::vector<OutputLayout> layouts;  // per stream (empty: all native)
+  ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
 };
 
 // One assembled batch. `bytes` is valid until the next call to Loader::Next().
@@ -79,6 +81,7 @@ class Loader {
   std::unique_ptr<Planner> planner_;
   std::unique_ptr<ChunkPipeline> pipeline_;
   const bool bptt_;
+  const std::vector<OutputLayout> layouts_;
   uint64_t lookahead_chunks_;
   std::deque<Planned> planned_;
   bool planner_done_ = false;

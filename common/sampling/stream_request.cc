@@ -11,6 +11,14 @@ std::string ResolvedStream::Encode(const CursorState& after) const {
   return EncodeCursor(c);
 }
 
+namespace {
+std::string StreamNames(const Dataset& dataset) {
+  std::string out;
+  for (const StreamConfig& s : dataset.streams()) absl::StrAppend(&out, out.empty() ? "" : ", ", s.name);
+  return out;
+}
+}  // namespace
+
 absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const StreamRequest& r) {
   const DatasetConfig& config = dataset.config();
   if (r.minibatch_size == 0 || r.minibatch_size > kMaxMinibatchSize) {
@@ -46,6 +54,19 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
   p.world = r.world.value_or(1);
   p.rank = r.rank.value_or(0);
   out.loader.threads = r.threads;
+  if (!r.layouts.empty()) {
+    out.loader.layouts.assign(dataset.streams().size(), OutputLayout::kNative);
+    for (const auto& [name, layout] : r.layouts) {
+      size_t s = 0;
+      while (s < dataset.streams().size() && dataset.streams()[s].name != name) ++s;
+      if (s == dataset.streams().size()) {
+        return absl::InvalidArgumentError(absl::StrCat("a layout names no stream of the dataset: '", name.substr(0, 64),
+                                                       "' (streams: ", StreamNames(dataset), ")"));
+      }
+      RETURN_IF_ERROR(CheckLayout(name, dataset.streams()[s].format, layout));
+      out.loader.layouts[s] = layout;
+    }
+  }
   out.identity.data_hash = IndexHash(dataset.index());
 
   if (!r.resume.empty()) {

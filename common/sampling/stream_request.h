@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -30,6 +31,7 @@ struct StreamRequest {
   uint32_t parallel = 0;
   std::string resume;       // a cursor token, or empty
   int threads = 1;
+  std::map<std::string, OutputLayout> layouts;  // by stream name; missing: native
 };
 
 // Limits on what a request may ask for.

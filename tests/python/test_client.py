@@ -141,14 +141,46 @@ class ClientTest(unittest.TestCase):
     def test_torch_sparse_layouts(self):
         import torch
         from conveyor.torch import ConveyorDataset
-        for layout, expected in (("csc", torch.sparse_csc), ("csr", torch.sparse_csr), ("dense", torch.strided)):
+        for layout, expected in (("csc", torch.sparse_csc), ("csr", torch.sparse_csr)):
             ds = ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout=layout)
             batch = next(iter(ds))
             self.assertEqual(batch["words"].layout, expected)
             self.assertEqual(tuple(batch["words"].shape), (5000, 64))
+        # Dense is laid out as a dense stream would be: [rows, T, dim].
         dense = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout="dense")))["words"]
+        self.assertEqual(dense.layout, torch.strided)
+        self.assertEqual(tuple(dense.shape), (64, 1, 5000))
         csc = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64)))["words"]
-        self.assertTrue(torch.equal(csc.to_dense(), dense))
+        csr = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout="csr")))["words"]
+        self.assertTrue(torch.equal(csc.to_dense().T.reshape(64, 1, 5000), dense))
+        self.assertTrue(torch.equal(csr.to_dense(), csc.to_dense()))
+
+    def test_daemon_converts_layouts(self):
+        client = conveyor.Client(self.address)
+        try:
+            csc = next(iter(client.subscribe("sparse", minibatch_size=100, seed=5, randomize=True)))
+            csr = next(iter(client.subscribe("sparse", minibatch_size=100, seed=5, randomize=True, layouts={"words": "csr"})))
+            self.assertEqual(csr.layout("words"), "csr")
+            self.assertEqual(csr.layout("label"), "dense")
+            with self.assertRaises(ValueError):
+                csr.csc("words")
+            colptr, rowind, values, (dim, columns) = csc.csc("words")
+            rowptr, colind, cvalues, shape = csr.csr("words")
+            self.assertEqual(shape, (dim, columns))
+            a = np.zeros((dim, columns), np.float32)
+            for j in range(columns):
+                a[rowind[colptr[j]:colptr[j + 1]], j] += values[colptr[j]:colptr[j + 1]]
+            b = np.zeros((dim, columns), np.float32)
+            for i in range(dim):
+                b[i, colind[rowptr[i]:rowptr[i + 1]]] += cvalues[rowptr[i]:rowptr[i + 1]]
+            np.testing.assert_array_equal(a, b)
+            with self.assertRaises(ValueError):
+                client.subscribe("sparse", layouts={"words": "coo"})
+            with self.assertRaises(conveyor.ConveyorError) as refused:
+                next(iter(client.subscribe("sparse", layouts={"label": "csr"})))
+            self.assertIn("applies to sparse streams only", str(refused.exception))
+        finally:
+            client.close()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -209,6 +212,143 @@ TEST(Service, AStalledSubscriberDoesNotHoldUpOthers) {
   EXPECT_EQ(d.service().active_streams(), 1u);  // the stalled one, still open and bounded
 }
 
+// A sparse stream's columns as sorted (index, value) lists: the form every layout must
+// agree on. From CSC, CSR or dense (nonzeros) views, each computed independently here.
+using Columns = std::vector<std::vector<std::pair<int32_t, float>>>;
+
+Columns FromCsc(const CscView<float>& v) {
+  Columns c(v.columns);
+  for (uint64_t j = 0; j < v.columns; ++j) {
+    std::map<int32_t, float> summed;  // repeated indices add up, as in the dense layout
+    for (int64_t k = v.begin(j); k < v.begin(j + 1); ++k) summed[v.rowind[k]] += v.values[k];
+    c[j].assign(summed.begin(), summed.end());
+  }
+  return c;
+}
+
+Columns FromCsr(const CsrView<float>& v) {
+  std::vector<std::map<int32_t, float>> summed(v.columns);
+  for (uint64_t r = 0; r < v.dim; ++r) {
+    for (int64_t k = v.begin(r); k < v.begin(r + 1); ++k) {
+      if (k > v.begin(r)) {
+        EXPECT_LE(v.colind[k - 1], v.colind[k]) << "CSR columns must ascend within a row";
+      }
+      summed[v.colind[k]][static_cast<int32_t>(r)] += v.values[k];
+    }
+  }
+  Columns c(v.columns);
+  for (uint64_t j = 0; j < v.columns; ++j) c[j].assign(summed[j].begin(), summed[j].end());
+  return c;
+}
+
+Columns FromDense(const DenseView<float>& v) {
+  Columns c(v.rows * v.steps);
+  for (uint64_t j = 0; j < c.size(); ++j) {
+    for (uint64_t i = 0; i < v.dim; ++i) {
+      const float x = v.data[j * v.dim + i];
+      if (x != 0.0f) c[j].emplace_back(static_cast<int32_t>(i), x);
+    }
+  }
+  return c;
+}
+
+Columns WithoutZeros(Columns c) {
+  for (auto& col : c) col.erase(std::remove_if(col.begin(), col.end(), [](const auto& e) { return e.second == 0.0f; }), col.end());
+  return c;
+}
+
+// Every batch of a sparse stream asked for as CSR and as dense (over inline and shared
+// memory) holds the same matrix as the native CSC batch; the dense stream beside it is
+// untouched; and `subscribe --dump` of a CSR stream equals the local dump with that layout.
+TEST(Service, LayoutsDeliverTheSameMatrixAsCsrAndDense) {
+  Daemon d;
+  for (const std::string& address : {d.tcp(), d.unix_socket()}) {
+    auto client = Client::Connect(address);
+    ASSERT_TRUE(client.ok());
+    const bool shm = address == d.unix_socket();
+    auto subscribe = [&](v1::Layout layout) {
+      v1::Subscribe s = Sub("sparse", 100);
+      s.set_frame_mode(layout == v1::LAYOUT_DENSE);  // dense in frame mode, CSR in sequence mode
+      if (shm) s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+      if (layout != v1::LAYOUT_NATIVE) (*s.mutable_layouts())["words"] = layout;
+      auto sub = (*client)->Subscribe(s);
+      EXPECT_TRUE(sub.ok()) << sub.status();
+      return std::move(*sub);
+    };
+    for (v1::Layout layout : {v1::LAYOUT_CSR, v1::LAYOUT_DENSE}) {
+      auto native = subscribe(v1::LAYOUT_NATIVE);
+      auto converted = subscribe(layout);
+      ReceivedBatch a, b;
+      uint64_t batches = 0;
+      while (true) {
+        auto more_a = native->Next(&a);
+        auto more_b = converted->Next(&b);
+        ASSERT_TRUE(more_a.ok() && more_b.ok()) << more_a.status() << more_b.status();
+        ASSERT_EQ(*more_a, *more_b);
+        if (!*more_a) break;
+        ++batches;
+        auto csc = a.Csc<float>(0);
+        ASSERT_TRUE(csc.ok()) << csc.status();
+        EXPECT_FALSE(b.Csc<float>(0).ok());  // delivered in the asked layout only
+        Columns got;
+        if (layout == v1::LAYOUT_CSR) {
+          auto csr = b.Csr<float>(0);
+          ASSERT_TRUE(csr.ok()) << csr.status();
+          EXPECT_EQ(csr->nnz, csc->nnz);
+          got = FromCsr(*csr);
+        } else {
+          auto dense = b.Dense<float>(0);
+          ASSERT_TRUE(dense.ok()) << dense.status();
+          EXPECT_EQ(dense->dim, 5000u);
+          got = FromDense(*dense);
+        }
+        EXPECT_EQ(got, layout == v1::LAYOUT_DENSE ? WithoutZeros(FromCsc(*csc)) : FromCsc(*csc)) << "batch " << batches;
+        auto la = a.Dense<float>(1), lb = b.Dense<float>(1);
+        ASSERT_TRUE(la.ok() && lb.ok());
+        ASSERT_EQ(la->rows * la->steps, lb->rows * lb->steps);
+        EXPECT_EQ(0, std::memcmp(la->data, lb->data, la->rows * la->steps * sizeof(float)));
+      }
+      EXPECT_EQ(batches, 20u);
+    }
+  }
+  StreamRequest csr;
+  csr.layouts["words"] = OutputLayout::kCsr;
+  const std::string expected = LocalDump("sparse", 128, csr);
+  auto client = Client::Connect(d.tcp());
+  v1::Subscribe s = Sub("sparse", 128);
+  (*s.mutable_layouts())["words"] = v1::LAYOUT_CSR;
+  auto sub = (*client)->Subscribe(s);
+  auto got = Drain(sub->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, expected);
+  EXPECT_EQ(Keys(expected).size(), 2000u);
+}
+
+// One parser thread for the whole daemon: eight subscribers (different seeds, so different
+// chunks) all complete and each gets exactly its local dump.
+TEST(Service, SubscribersShareABoundedParserPool) {
+  ServiceOptions o;
+  o.parser_threads = 1;
+  o.parser_threads_per_stream = 2;
+  Daemon d(o);
+  std::vector<std::string> outs(8);
+  std::vector<std::thread> threads;
+  for (uint32_t i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = Client::Connect(i % 2 ? d.tcp() : d.unix_socket());
+      auto sub = (*client)->Subscribe(Sub("sparse", 64, true, i));
+      auto got = Drain(sub->get());
+      outs[i] = got.ok() ? *got : got.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (uint32_t i = 0; i < 8; ++i) {
+    StreamRequest r;
+    r.seed = i;
+    EXPECT_EQ(outs[i], LocalDump("sparse", 64, r)) << "subscriber " << i;
+  }
+}
+
 // Sends raw requests (no client library) to check what the daemon refuses.
 grpc::Status RawStream(const std::string& address, const std::vector<v1::StreamRequest>& requests) {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -251,6 +391,14 @@ TEST(Service, RefusesMalformedRequests) {
   v1::Subscribe layout = Sub("sparse", 10);
   (*layout.mutable_layouts())["nope"] = v1::LAYOUT_CSC;
   EXPECT_EQ(code(layout).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::Subscribe dense_as_csr = Sub("sparse", 10);
+  (*dense_as_csr.mutable_layouts())["label"] = v1::LAYOUT_CSR;
+  grpc::Status refused = code(dense_as_csr);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "stream 'label' is dense: layout csr applies to sparse streams only");
+  v1::Subscribe unknown_layout = Sub("sparse", 10);
+  (*unknown_layout.mutable_layouts())["words"] = static_cast<v1::Layout>(77);
+  EXPECT_EQ(code(unknown_layout).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::Subscribe cursor = Sub("sparse", 10);
   cursor.set_resume_cursor("cv1.garbage");
   grpc::Status bad_cursor = code(cursor);
@@ -450,6 +598,8 @@ TEST(Metrics, CountWhatWasServed) {
   EXPECT_NE(page.find("conveyor_batches_in_flight 0"), std::string::npos);
   EXPECT_NE(page.find("conveyor_streams_ended_total{code=\"0\"} 1"), std::string::npos);
   EXPECT_NE(page.find("conveyor_parse_seconds_total{dataset=\"sparse\"}"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"}"), std::string::npos);
+  EXPECT_NE(page.find("conveyor_parse_jobs_queued 0"), std::string::npos);
 }
 
 }  // namespace

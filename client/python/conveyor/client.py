@@ -72,11 +72,19 @@ class Batch:
         except KeyError:
             raise KeyError(f"no stream {name!r} in this batch (streams: {', '.join(self._streams)})") from None
 
-    def dense(self, name):
-        """Dense values: [rows, T, dim] (sequence mode) or [rows, dim] (frame mode)."""
+    def layout(self, name):
+        """How the stream was delivered: "dense", "csc" or "csr"."""
         s = self._stream(name)
-        if s.format != pb.FORMAT_DENSE:
-            raise ValueError(f"stream {name!r} is not dense (use csc())")
+        if s.format != pb.FORMAT_SPARSE or s.layout == pb.LAYOUT_DENSE:
+            return "dense"
+        return "csr" if s.layout == pb.LAYOUT_CSR else "csc"
+
+    def dense(self, name):
+        """Dense values: [rows, T, dim] (sequence mode) or [rows, dim] (frame mode). Also a
+        sparse stream subscribed with layouts={name: "dense"}."""
+        s = self._stream(name)
+        if self.layout(name) != "dense":
+            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
         return self._array(s.values)
 
     def lengths(self, name):
@@ -86,8 +94,8 @@ class Batch:
     def csc(self, name):
         """Sparse CSC, one column per (row, step): (colptr, rowind, values, (dim, columns))."""
         s = self._stream(name)
-        if s.format != pb.FORMAT_SPARSE:
-            raise ValueError(f"stream {name!r} is not sparse (use dense())")
+        if self.layout(name) != "csc":
+            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
         colptr = self._array(s.colptr)
         rowind = self._array(s.rowind)
         values = self._array(s.values)
@@ -97,6 +105,23 @@ class Batch:
         if len(rowind) and (rowind.min() < 0 or rowind.max() >= s.dim):
             raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "row index out of range")
         return colptr, rowind, values, (s.dim, columns)
+
+    def csr(self, name):
+        """A sparse stream subscribed with layouts={name: "csr"}: the same dim x columns
+        matrix by rows: (rowptr, colind, values, (dim, columns))."""
+        s = self._stream(name)
+        if self.layout(name) != "csr":
+            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
+        rowptr = self._array(s.rowptr)
+        colind = self._array(s.colind)
+        values = self._array(s.values)
+        steps = s.max_length if s.sequence_axis else 1
+        columns = self.descriptor.rows * steps
+        if len(rowptr) != s.dim + 1 or rowptr[0] != 0 or rowptr[-1] != len(values) or (np.diff(rowptr) < 0).any():
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "bad CSR row pointers")
+        if len(colind) and (colind.min() < 0 or colind.max() >= columns):
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "column index out of range")
+        return rowptr, colind, values, (s.dim, columns)
 
     def mask(self):
         """Truncated BPTT: uint8[rows, T] (1 valid) and flags (bit 0 begin, bit 1 end), else None."""
@@ -270,16 +295,23 @@ class Client:
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
-                  reconnect=True, transport="inline"):
+                  reconnect=True, transport="inline", layouts=None):
         """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after.
         transport="shm" (same host, through the daemon's unix socket): batches stay in the
-        daemon's shared-memory slots and only descriptors travel."""
+        daemon's shared-memory slots and only descriptors travel. `layouts`: {stream: "csc" |
+        "csr" | "dense"} for sparse streams (the daemon converts; default CSC)."""
         if transport not in ("inline", "shm"):
             raise ValueError("transport must be 'inline' or 'shm'")
+        names = {"csc": pb.LAYOUT_CSC, "csr": pb.LAYOUT_CSR, "dense": pb.LAYOUT_DENSE}
+        for stream, layout in (layouts or {}).items():
+            if layout not in names:
+                raise ValueError(f"layout of {stream!r} must be csc, csr or dense, not {layout!r}")
         s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
                          truncation=truncation, parallel=parallel, initial_credits=credits,
                          resume_cursor=resume or "",
                          transport=pb.TRANSPORT_SHARED_MEMORY if transport == "shm" else pb.TRANSPORT_INLINE)
+        for stream, layout in (layouts or {}).items():
+            s.layouts[stream] = names[layout]
         if seed is not None:
             s.seed = seed
         if randomize is not None:

@@ -24,30 +24,35 @@ warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta st
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def _sparse(batch, name, layout):
-    colptr, rowind, values, (dim, columns) = batch.csc(name)
-    t = torch.sparse_csc_tensor(torch.from_numpy(colptr.astype("int64")), torch.from_numpy(rowind.astype("int64")),
-                                torch.from_numpy(values), size=(dim, columns))
-    if layout == "csc":
-        return t
-    if layout == "csr":
-        return t.to_sparse_csr()
+def _sparse(batch, name):
+    """A sparse stream as the daemon delivered it (it converts to the layout asked for)."""
+    layout = batch.layout(name)
     if layout == "dense":
-        return t.to_dense()
-    raise ValueError(f"sparse_layout must be csc, csr or dense, not {layout!r}")
+        return torch.from_numpy(batch.dense(name))
+    if layout == "csr":
+        rowptr, colind, values, (dim, columns) = batch.csr(name)
+        return torch.sparse_csr_tensor(torch.from_numpy(rowptr.astype("int64")), torch.from_numpy(colind.astype("int64")),
+                                       torch.from_numpy(values), size=(dim, columns))
+    colptr, rowind, values, (dim, columns) = batch.csc(name)
+    return torch.sparse_csc_tensor(torch.from_numpy(colptr.astype("int64")), torch.from_numpy(rowind.astype("int64")),
+                                   torch.from_numpy(values), size=(dim, columns))
 
 
 class ConveyorDataset(torch.utils.data.IterableDataset):
     """Minibatches of one conveyord stream as dicts of torch tensors.
 
     Dense streams are zero-copy views of the received buffer; sparse streams become
-    torch.sparse_csc_tensor (sparse_layout="csc", one column per (row, step)), CSR or dense.
+    torch.sparse_csc_tensor (sparse_layout="csc", one column per (row, step)), or
+    torch.sparse_csr_tensor / a dense tensor (sparse_layout="csr" / "dense": the daemon
+    converts, so the trainer does no conversion work).
     state_dict() carries the cursor of the last batch yielded, so a restarted job continues
     exactly after it (on any daemon serving the dataset).
     """
 
     def __init__(self, address, dataset, minibatch_size=256, epochs=1, sparse_layout="csc", **subscribe_args):
         super().__init__()
+        if sparse_layout not in ("csc", "csr", "dense"):
+            raise ValueError(f"sparse_layout must be csc, csr or dense, not {sparse_layout!r}")
         self.address = address
         self.dataset = dataset
         self.minibatch_size = minibatch_size
@@ -64,15 +69,21 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         client = Client(self.address)
+        args = dict(self.subscribe_args)
+        layouts = dict(args.pop("layouts", None) or {})
+        if self.sparse_layout != "csc":
+            for s in client.describe(self.dataset).streams:
+                if s.format == 1:  # FORMAT_SPARSE
+                    layouts.setdefault(s.name, self.sparse_layout)
         sub = client.subscribe(self.dataset, minibatch_size=self.minibatch_size, epochs=self.epochs,
-                               resume=self._cursor, **self.subscribe_args)
+                               resume=self._cursor, layouts=layouts, **args)
         try:
             for batch in sub:
                 out = {}
                 lengths = {}
                 for s in batch.descriptor.streams:
                     if s.format == 1:  # FORMAT_SPARSE
-                        out[s.name] = _sparse(batch, s.name, self.sparse_layout)
+                        out[s.name] = _sparse(batch, s.name)
                     else:
                         out[s.name] = torch.from_numpy(batch.dense(s.name))
                     l = batch.lengths(s.name)

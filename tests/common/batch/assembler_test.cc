@@ -151,5 +151,72 @@ TEST(BatchLayout, TruncatedPiecesFillStepsWithMaskAndFlags) {
   EXPECT_EQ(Read<int32_t>(buf, s.rowind), (std::vector<int32_t>{4}));
 }
 
+// The example chunk asked for as CSR and as dense, checked against hand-computed arrays.
+// The sparse stream is the 10 x 4 matrix with columns (seq, step): (0,0) = {9: 0.5, 1: 1.5},
+// (0,1) = {}, (1,0) = {4: 2.5}, (1,1) = padding.
+TEST(BatchLayout, SparseStreamAsCsr) {
+  ParsedChunk c = MakeChunk();
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0), Ref(&c, 1, 1)};
+  const std::vector<OutputLayout> layouts = {OutputLayout::kNative, OutputLayout::kCsr};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(2, false), refs, layouts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const StreamLayout& s = plan->streams[1];
+  EXPECT_TRUE(s.csr());
+  EXPECT_FALSE(s.colptr.present());
+  EXPECT_EQ(s.rowptr.shape, (std::vector<uint64_t>{11}));
+  std::vector<std::byte> buf(plan->total_bytes, std::byte{0xAB});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(buf)).ok());
+  // Rows 1, 4, 9 hold one entry each, in columns 0, 2, 0.
+  EXPECT_EQ(Read<int32_t>(buf, s.rowptr), (std::vector<int32_t>{0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 3}));
+  EXPECT_EQ(Read<int32_t>(buf, s.colind), (std::vector<int32_t>{0, 2, 0}));
+  EXPECT_EQ(Read<float>(buf, s.values), (std::vector<float>{1.5f, 2.5f, 0.5f}));
+  EXPECT_EQ(Read<int32_t>(buf, s.lengths), (std::vector<int32_t>{2, 1}));
+  for (size_t i = s.values.offset + s.values.bytes; i < buf.size(); ++i) ASSERT_EQ(buf[i], std::byte{0}) << i;
+}
+
+TEST(BatchLayout, SparseStreamAsDenseSumsRepeatedIndices) {
+  ParsedChunk c = MakeChunk();
+  c.streams[1].indices = {3, 3, 4};  // sample 0 names index 3 twice: 0.5 + 1.5
+  std::vector<PieceRef> refs = {Ref(&c, 1, 0), Ref(&c, 0, 1)};
+  const std::vector<OutputLayout> layouts = {OutputLayout::kDense, OutputLayout::kDense};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(2, false), refs, layouts);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const StreamLayout& s = plan->streams[1];
+  EXPECT_TRUE(s.dense_values());
+  EXPECT_EQ(s.values.shape, (std::vector<uint64_t>{2, 2, 10}));
+  std::vector<std::byte> buf(plan->total_bytes, std::byte{0xAB});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(buf)).ok());
+  std::vector<float> want(40, 0.0f);
+  want[0 * 10 + 4] = 2.5f;      // row 0 = sequence 9: one sample, index 4
+  want[2 * 10 + 3] = 2.0f;      // row 1 step 0 = sequence 7's first sample
+  EXPECT_EQ(Read<float>(buf, s.values), want);
+  EXPECT_EQ(Read<int32_t>(buf, s.lengths), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(BatchLayout, LayoutsThatDoNotApplyAreRefused) {
+  ParsedChunk c = MakeChunk();
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0)};
+  const std::vector<OutputLayout> layouts = {OutputLayout::kCsr, OutputLayout::kNative};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(1, false), refs, layouts);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().message(), "stream 'd' is dense: layout csr applies to sparse streams only");
+  // A dense stream asked for as dense is its native layout.
+  const std::vector<OutputLayout> dense = {OutputLayout::kDense, OutputLayout::kCsc};
+  EXPECT_TRUE(PlanBatch(Streams(), Precision::kFloat, Shape(1, false), refs, dense).ok());
+}
+
+TEST(BatchLayout, AHugeDenseLayoutIsRefusedNotAllocated) {
+  ParsedChunk c = MakeChunk();
+  c.streams[1].dim = 1u << 30;
+  std::vector<StreamConfig> streams = Streams();
+  streams[1].dim = 1u << 30;
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0), Ref(&c, 1, 9)};
+  const std::vector<OutputLayout> layouts = {OutputLayout::kNative, OutputLayout::kDense};
+  auto plan = PlanBatch(streams, Precision::kFloat, Shape(10, false), refs, layouts);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(plan.status().message().find("ask for CSC or CSR"), std::string::npos) << plan.status();
+}
+
 }  // namespace
 }  // namespace conveyor

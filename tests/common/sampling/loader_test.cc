@@ -1,9 +1,13 @@
 // The file-order planner and the loader: minibatch cutting, epochs across sweeps, the
 // parse-ahead pipeline and keepDataInMemory.
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/sampling/loader.h"
+#include "common/sampling/parser_pool.h"
 #include "common/sampling/planner.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -178,6 +182,92 @@ TEST(SharedChunks, TwoReadersOfOneStreamParseEachChunkOnce) {
   }
   EXPECT_GT(batches, 50u);
   EXPECT_EQ((*ds)->parses(), (*ds)->index().chunks.size());
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+TEST(ParserPool, RunsEveryJobOnAtMostItsThreads) {
+  std::atomic<int> running{0}, most{0}, done{0};
+  {
+    ParserPool pool(2);
+    for (int i = 0; i < 12; ++i) {
+      pool.Submit([&] {
+        const int now = ++running;
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        --running;
+        ++done;
+      });
+    }
+  }  // the destructor runs what was submitted
+  EXPECT_EQ(done.load(), 12);
+  EXPECT_EQ(most.load(), 2);
+}
+
+// Several loaders (different seeds) share a one-thread pool: each still delivers exactly
+// what it delivers alone, and a loader destroyed mid-epoch leaves the others running.
+TEST(ParserPool, LoadersSharingOneThreadDeliverWhatTheyDeliverAlone) {
+  TempDir dir;
+  std::string data;
+  for (int i = 0; i < 1500; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + "\n";
+  DatasetConfig c = CtfDataset(dir.Write("d.ctf", data), "{a: {dim: 1, format: dense}}");
+  c.deserializers[0].chunk_size_in_bytes = 1000;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  auto cpu = MakeCpuAssembler();
+  auto options = [](uint64_t seed, ParserPool* pool) {
+    LoaderOptions lo;
+    lo.planner.minibatch_size = 16;
+    lo.planner.randomizer.randomize = true;
+    lo.planner.randomizer.window = 3;
+    lo.planner.randomizer.seed = seed;
+    lo.threads = 2;
+    lo.pool = pool;
+    return lo;
+  };
+  auto keys_of = [](Loader* l, size_t max_batches) {
+    std::vector<uint64_t> keys;
+    Batch b;
+    for (size_t n = 0; n < max_batches; ++n) {
+      auto more = l->Next(&b);
+      EXPECT_TRUE(more.ok()) << more.status();
+      if (!more.ok() || !*more) break;
+      for (const PlacedPiece& p : b.plan.pieces) keys.push_back(p.key);
+    }
+    return keys;
+  };
+  std::vector<std::vector<uint64_t>> alone;
+  for (uint64_t seed = 0; seed < 3; ++seed) {
+    auto l = Loader::Create(ds->get(), cpu.get(), options(seed, nullptr));
+    ASSERT_TRUE(l.ok());
+    alone.push_back(keys_of(l->get(), SIZE_MAX));
+    ASSERT_EQ(alone.back().size(), 1500u);
+  }
+  ParserPool pool(1);
+  std::vector<std::unique_ptr<Loader>> shared;
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    auto l = Loader::Create(ds->get(), cpu.get(), options(seed % 3, &pool));
+    ASSERT_TRUE(l.ok());
+    shared.push_back(std::move(*l));
+  }
+  std::vector<std::vector<uint64_t>> got(4);
+  for (bool any = true; any;) {  // round robin, a few batches each
+    any = false;
+    for (size_t i = 0; i < shared.size(); ++i) {
+      if (!shared[i]) continue;
+      auto keys = keys_of(shared[i].get(), 3);
+      got[i].insert(got[i].end(), keys.begin(), keys.end());
+      if (i == 3 && got[i].size() > 100) shared[i].reset();  // a subscriber goes away mid-epoch
+      else if (!keys.empty()) any = true;
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], alone[i]) << "loader " << i;
 }
 
 }  // namespace
