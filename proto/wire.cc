@@ -110,17 +110,26 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
       s->set_layout(L.csr() ? v1::LAYOUT_CSR : (L.dense_values() ? v1::LAYOUT_DENSE : v1::LAYOUT_CSC));
     }
   }
-  for (size_t i = 0; i < plan.pieces.size(); ++i) {
-    const PlacedPiece& p = plan.pieces[i];
-    v1::Piece* q = out->add_pieces();
-    q->set_key(p.key);
-    q->set_frame(p.frame);
-    q->set_row(p.row);
-    q->set_t0(p.t0);
-    q->set_sample_begin(p.sample_begin);
-    q->set_truncated(p.truncated);
-    for (size_t s = 0; s < plan.num_streams; ++s) q->add_counts(plan.count(i, s));
+  v1::Pieces* q = out->mutable_pieces();
+  const int n = static_cast<int>(plan.pieces.size());
+  q->mutable_key()->Reserve(n);
+  q->mutable_row()->Reserve(n);
+  q->mutable_t0()->Reserve(n);
+  q->mutable_sample_begin()->Reserve(n);
+  bool framed = false;
+  for (const PlacedPiece& p : plan.pieces) {
+    q->add_key(p.key);
+    q->add_row(p.row);
+    q->add_t0(p.t0);
+    q->add_sample_begin(p.sample_begin);
+    framed = framed || p.frame >= 0;
+    q->set_truncated(q->truncated() || p.truncated);
   }
+  if (framed) {
+    q->mutable_frame()->Reserve(n);
+    for (const PlacedPiece& p : plan.pieces) q->add_frame(p.frame);
+  }
+  q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
 }
 
 absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
@@ -132,7 +141,6 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   plan.shape.frame_mode = d.frame_mode();
   plan.precision = d.precision() == v1::PRECISION_DOUBLE ? Precision::kDouble : Precision::kFloat;
   plan.num_samples = d.samples();
-  plan.num_sequences = d.pieces_size();
   auto mask = ArrayFromProto(d.mask(), total, "mask");
   if (!mask.ok()) return mask.status();
   plan.mask = *mask;
@@ -200,26 +208,33 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     plan.streams.push_back(std::move(L));
   }
   plan.num_streams = plan.streams.size();
-  for (const v1::Piece& q : d.pieces()) {
-    if (static_cast<size_t>(q.counts_size()) != plan.num_streams || q.row() >= plan.shape.rows) {
-      return absl::InvalidArgumentError("a piece does not match the batch's streams or rows");
-    }
-    PlacedPiece p;
-    p.key = q.key();
-    p.frame = q.frame();
-    p.row = q.row();
-    p.t0 = q.t0();
-    p.sample_begin = q.sample_begin();
+  const v1::Pieces& q = d.pieces();
+  const size_t n = static_cast<size_t>(q.key_size());
+  if (static_cast<size_t>(q.row_size()) != n || static_cast<size_t>(q.t0_size()) != n ||
+      static_cast<size_t>(q.sample_begin_size()) != n || (q.frame_size() != 0 && static_cast<size_t>(q.frame_size()) != n) ||
+      static_cast<uint64_t>(q.counts_size()) != static_cast<uint64_t>(n) * plan.num_streams) {
+    return absl::InvalidArgumentError("the pieces' lists do not have one entry per piece (and stream)");
+  }
+  plan.num_sequences = n;
+  plan.pieces.resize(n);
+  plan.counts.assign(q.counts().begin(), q.counts().end());
+  for (size_t i = 0; i < n; ++i) {
+    const int k = static_cast<int>(i);
+    if (q.row(k) >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
+    PlacedPiece& p = plan.pieces[i];
+    p.key = q.key(k);
+    p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
+    p.row = q.row(k);
+    p.t0 = q.t0(k);
+    p.sample_begin = q.sample_begin(k);
     p.truncated = q.truncated();
     for (size_t s = 0; s < plan.num_streams; ++s) {
-      const uint32_t c = q.counts(static_cast<int>(s));
+      const uint32_t c = plan.counts[i * plan.num_streams + s];
       const StreamLayout& L = plan.streams[s];
       const uint64_t T = L.sequence_axis ? L.max_length : 1;
-      if (uint64_t{q.t0()} + c > T) return absl::InvalidArgumentError("a piece runs past its row");
+      if (uint64_t{p.t0} + c > T) return absl::InvalidArgumentError("a piece runs past its row");
       p.longest = std::max(p.longest, c);
-      plan.counts.push_back(c);
     }
-    plan.pieces.push_back(std::move(p));
   }
   return plan;
 }

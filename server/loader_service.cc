@@ -103,15 +103,14 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::pair<uint32_t, uint64_t>> StreamReactor::PlaceInSlot(uint64_t serial,
-                                                                         absl::Span<const std::byte> bytes,
-                                                                         std::vector<v1::StreamResponse>* messages) {
+absl::StatusOr<StreamReactor::SlotRef> StreamReactor::ReserveSlot(uint64_t serial, uint64_t bytes,
+                                                                 std::vector<v1::StreamResponse>* messages) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (segments_.empty() || segments_.back().slot_bytes < bytes.size()) {
+  if (segments_.empty() || segments_.back().slot_bytes < bytes) {
     // A new segment, with headroom over this batch in every slot; slots stay 256-byte
     // aligned so that the arrays inside keep their alignment.
-    const uint64_t want = static_cast<uint64_t>(service_->options_.slot_headroom * static_cast<double>(bytes.size()));
-    const uint64_t slot = std::max<uint64_t>(service_->options_.min_slot_bytes, (std::max<uint64_t>(want, bytes.size()) + 255) / 256 * 256);
+    const uint64_t want = static_cast<uint64_t>(service_->options_.slot_headroom * static_cast<double>(bytes));
+    const uint64_t slot = std::max<uint64_t>(service_->options_.min_slot_bytes, (std::max<uint64_t>(want, bytes) + 255) / 256 * 256);
     lock.unlock();
     auto shm = ShmSegment::Create(slot * slots_per_segment_);
     if (!shm.ok()) return shm.status();
@@ -136,11 +135,11 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> StreamReactor::PlaceInSlot(uint64_
   const uint32_t slot = seg.free_slots.back();
   seg.free_slots.pop_back();
   slot_of_serial_[serial] = {seg.id, slot};
-  const uint64_t offset = uint64_t{slot} * seg.slot_bytes;
-  std::byte* dst = seg.shm->data() + offset;
-  lock.unlock();
-  std::memcpy(dst, bytes.data(), bytes.size());
-  return std::make_pair(seg.id, offset);
+  SlotRef ref;
+  ref.segment = seg.id;
+  ref.offset = uint64_t{slot} * seg.slot_bytes;
+  ref.data = seg.shm->data() + ref.offset;
+  return ref;
 }
 
 void StreamReactor::OnReadDone(bool ok) {
@@ -200,7 +199,23 @@ void StreamReactor::Produce() {
       cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
       if (stop_) break;
     }
-    auto more = loader_->Next(&batch);
+    // The batch is assembled straight into where it travels from: a shared-memory slot, or
+    // the buffer that becomes the first message's payload.
+    std::vector<v1::StreamResponse> messages;  // a new segment's announcement goes first
+    const uint64_t serial = next_serial_;      // only this thread advances it
+    std::string payload;
+    SlotRef slot;
+    auto destination = [&](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
+      if (shm_) {
+        auto reserved = ReserveSlot(serial, size, &messages);
+        if (!reserved.ok()) return reserved.status();
+        slot = *reserved;
+        return absl::MakeSpan(slot.data, size);
+      }
+      payload.resize(size);
+      return absl::MakeSpan(reinterpret_cast<std::byte*>(payload.data()), size);
+    };
+    auto more = loader_->Next(&batch, destination);
     if (!more.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       final_status_ = ToGrpc(more.status());
@@ -215,8 +230,6 @@ void StreamReactor::Produce() {
       break;
     }
     // Descriptor plus the bytes, split into parts that fit a message.
-    std::vector<v1::StreamResponse> messages;
-    const uint64_t serial = next_serial_;
     const std::string cursor = resolved_.Encode(batch.after);
     const uint64_t part = service_->options_.inline_part_bytes;
     const uint64_t total = batch.plan.total_bytes;
@@ -231,29 +244,26 @@ void StreamReactor::Produce() {
     d->set_cursor(cursor);
     d->set_parts(parts);
     PlanToDescriptor(batch.plan, d);
-    const char* bytes = reinterpret_cast<const char*>(batch.bytes.data());
+    std::vector<v1::StreamResponse> rest;
     if (shm_) {
-      auto placed = PlaceInSlot(serial, batch.bytes, &messages);
-      if (!placed.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        final_status_ = ToGrpc(placed.status());
-        break;
-      }
       d->set_parts(0);
-      d->mutable_shm()->set_segment(placed->first);
-      d->mutable_shm()->set_offset(placed->second);
+      d->mutable_shm()->set_segment(slot.segment);
+      d->mutable_shm()->set_offset(slot.offset);
     } else {
+      // Parts after the first are copied out; the first keeps the assembled buffer itself.
+      for (uint64_t off = part; off < total; off += part) {
+        v1::StreamResponse more_msg;
+        more_msg.mutable_more()->set_serial(serial);
+        more_msg.mutable_more()->mutable_payload()->set_offset(off);
+        more_msg.mutable_more()->mutable_payload()->set_data(payload.data() + off, std::min(part, total - off));
+        rest.push_back(std::move(more_msg));
+      }
+      payload.resize(std::min(part, total));
       d->mutable_payload()->set_offset(0);
-      d->mutable_payload()->set_data(bytes, std::min(part, total));
+      d->mutable_payload()->set_data(std::move(payload));
     }
     messages.push_back(std::move(first));
-    for (uint64_t off = part; !shm_ && off < total; off += part) {
-      v1::StreamResponse more_msg;
-      more_msg.mutable_more()->set_serial(serial);
-      more_msg.mutable_more()->mutable_payload()->set_offset(off);
-      more_msg.mutable_more()->mutable_payload()->set_data(bytes + off, std::min(part, total - off));
-      messages.push_back(std::move(more_msg));
-    }
+    for (auto& m : rest) messages.push_back(std::move(m));
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ && !draining_) break;  // cancelled while making it
     --credits_;

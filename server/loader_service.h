@@ -101,10 +101,14 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   uint32_t slots_per_segment_ = 0;
   std::vector<Segment> segments_;
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> slot_of_serial_;  // serial -> (segment, slot)
-  // Puts `bytes` into a slot (announcing a new segment in `messages` if needed); returns
-  // (segment id, offset). mu_ not held.
-  absl::StatusOr<std::pair<uint32_t, uint64_t>> PlaceInSlot(uint64_t serial, absl::Span<const std::byte> bytes,
-                                                            std::vector<v1::StreamResponse>* messages);
+  struct SlotRef {
+    uint32_t segment = 0;
+    uint64_t offset = 0;
+    std::byte* data = nullptr;
+  };
+  // Takes a free slot of at least `bytes` for batch `serial` (announcing a new segment in
+  // `messages` if needed). mu_ not held.
+  absl::StatusOr<SlotRef> ReserveSlot(uint64_t serial, uint64_t bytes, std::vector<v1::StreamResponse>* messages);
 };
 
 class LoaderService final : public v1::Loader::CallbackService {

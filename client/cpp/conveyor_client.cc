@@ -312,10 +312,11 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
     last_cursor_ = b.descriptor_.cursor();
     return true;
   }
-  b.bytes_.clear();
-  b.bytes_.reserve(total);
-  b.bytes_.append(b.descriptor_.payload().data());
+  // The first part's bytes move out of the message (no copy for a one-part batch).
+  b.bytes_ = std::move(*b.descriptor_.mutable_payload()->mutable_data());
   b.descriptor_.mutable_payload()->clear_data();
+  if (b.bytes_.size() > total) return absl::InvalidArgumentError("a batch's parts exceed its size");
+  if (b.descriptor_.parts() > 1) b.bytes_.reserve(total);
   for (uint32_t part = 1; part < b.descriptor_.parts(); ++part) {
     v1::StreamResponse more;
     if (!stream_->Read(&more) || !more.has_more() || more.more().serial() != b.descriptor_.serial() ||

@@ -112,7 +112,7 @@ void Loader::PlanAhead() {
   PrefetchAhead();
 }
 
-absl::StatusOr<bool> Loader::Next(Batch* out) {
+absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destination) {
   PlanAhead();
   if (planned_.empty()) return false;
   Planned p = std::move(planned_.front());
@@ -164,7 +164,15 @@ absl::StatusOr<bool> Loader::Next(Batch* out) {
     for (uint64_t t : used) Unref(t);
     return plan.status();
   }
-  if (plan->total_bytes > buffer_size_) {
+  absl::Span<std::byte> dst;
+  if (destination) {
+    auto given = destination(plan->total_bytes);
+    if (!given.ok() || given->size() < plan->total_bytes) {
+      for (uint64_t t : used) Unref(t);
+      return given.ok() ? absl::InternalError("the batch destination is too small") : given.status();
+    }
+    dst = given->subspan(0, plan->total_bytes);
+  } else if (plan->total_bytes > buffer_size_) {
     std::free(buffer_);
     buffer_size_ = std::max<size_t>(plan->total_bytes, buffer_size_ * 3 / 2);
     buffer_size_ = (buffer_size_ + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
@@ -175,7 +183,8 @@ absl::StatusOr<bool> Loader::Next(Batch* out) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", plan->total_bytes, "-byte batch"));
     }
   }
-  absl::Status st = assembler_->Assemble(*plan, refs, absl::MakeSpan(buffer_, plan->total_bytes));
+  if (!destination) dst = absl::MakeSpan(buffer_, plan->total_bytes);
+  absl::Status st = assembler_->Assemble(*plan, refs, dst);
   held.clear();
   for (uint64_t t : used) Unref(t);
   RETURN_IF_ERROR(st);
@@ -184,7 +193,7 @@ absl::StatusOr<bool> Loader::Next(Batch* out) {
   out->end_of_epoch = p.batch.end_of_epoch;
   out->end_of_sweep = p.batch.end_of_sweep;
   out->plan = std::move(*plan);
-  out->bytes = absl::MakeConstSpan(buffer_, out->plan.total_bytes);
+  out->bytes = absl::MakeConstSpan(dst.data(), out->plan.total_bytes);
   out->after = p.batch.after;
   return true;
 }

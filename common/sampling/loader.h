@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct Batch {
   CursorState after;   // resume here to continue after this batch
 };
 
+// Where a caller wants a batch of `bytes` bytes assembled (a shared-memory slot, a message
+// buffer): memory that stays valid until the caller is done with the batch.
+using BatchDestination = std::function<absl::StatusOr<absl::Span<std::byte>>(uint64_t bytes)>;
+
 class Loader {
  public:
   // `dataset` and `assembler` must outlive the loader. Errors: InvalidArgument (options,
@@ -58,7 +63,9 @@ class Loader {
   // errors beyond maxErrors (DataLoss), assembly errors (InvalidArgument). A sequence
   // dropped as bad leaves its batch smaller; batches are never skipped, so every rank sees
   // the same number of them.
-  absl::StatusOr<bool> Next(Batch* out);
+  // With `destination`, the batch is assembled straight into the memory it returns (saving
+  // a copy) and `out->bytes` points there; its errors are returned as they are.
+  absl::StatusOr<bool> Next(Batch* out, const BatchDestination& destination = nullptr);
 
   const ChunkPipeline& pipeline() const { return *pipeline_; }
   // Chunks currently scheduled or held (for memory tests).

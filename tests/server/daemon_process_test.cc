@@ -74,7 +74,7 @@ TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
     ReceivedBatch b;
     for (int i = 0; i < 7; ++i) {
       ASSERT_TRUE(*(*sub)->Next(&b));
-      for (const auto& p : b.descriptor().pieces()) keys.insert(p.key());
+      for (uint64_t k : b.descriptor().pieces().key()) keys.insert(k);
     }
     d.Kill(SIGKILL);  // mid-epoch, with batches in flight
     // Batches already received before the kill are still consumed; then the stream breaks.
@@ -82,7 +82,7 @@ TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
       auto after = (*sub)->Next(&b);
       if (!after.ok()) break;
       ASSERT_TRUE(*after);
-      for (const auto& p : b.descriptor().pieces()) keys.insert(p.key());
+      for (uint64_t k : b.descriptor().pieces().key()) keys.insert(k);
     }
     cursor = (*sub)->last_cursor();
     EXPECT_LT(keys.size(), 2000u);
@@ -98,7 +98,7 @@ TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
     auto more = (*sub)->Next(&b);
     ASSERT_TRUE(more.ok()) << more.status();
     if (!*more) break;
-    for (const auto& p : b.descriptor().pieces()) keys.insert(p.key());
+    for (uint64_t k : b.descriptor().pieces().key()) keys.insert(k);
   }
   EXPECT_EQ(keys.size(), 2000u);
   EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 2000u);

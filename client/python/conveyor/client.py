@@ -52,7 +52,7 @@ class Batch:
 
     def keys(self):
         """The sequence keys, one per piece (row order as the daemon placed them)."""
-        return [p.key for p in self.descriptor.pieces]
+        return list(self.descriptor.pieces.key)
 
     def _array(self, ref):
         if len(ref.shape) == 0:
