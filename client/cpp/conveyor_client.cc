@@ -11,7 +11,9 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "proto/wire.h"
 
 namespace conveyor {
@@ -187,10 +189,11 @@ template absl::StatusOr<CsrView<double>> ReceivedBatch::Csr<double>(size_t) cons
 
 // ------------------------------------------------------------------ Subscription
 
-Subscription::Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options,
-                           std::string token)
-    : channel_(std::move(channel)), stub_(v1::Loader::NewStub(channel_)), request_(std::move(request)),
-      options_(options), token_(std::move(token)) {}
+Subscription::Subscription(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
+                           size_t first, v1::Subscribe request, SubscribeOptions options, std::string token)
+    : addresses_(std::move(addresses)), channels_(std::move(channels)), current_(first),
+      stub_(v1::Loader::NewStub(channels_[current_])), request_(std::move(request)), options_(options),
+      token_(std::move(token)) {}
 
 Subscription::~Subscription() { Cancel(); }
 
@@ -206,6 +209,7 @@ absl::Status Subscription::Open() {
   if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
   stream_ = stub_->Stream(context_.get());
   has_unacked_ = false;
+  segments_.clear();  // a new stream announces its own segments (batches in hand keep theirs)
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
@@ -357,21 +361,40 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
       }
       st = r.status();
     }
-    // A broken stream (daemon gone, draining): resume from the last cursor received.
-    if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= options_.max_reconnects) return st;
+    // A broken stream (daemon gone, draining): resume from the last cursor received, on the
+    // next daemon; back off once every daemon has been tried.
+    const int limit = options_.max_reconnects * static_cast<int>(channels_.size());
+    if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= limit) return st;
     ++reconnects_;
     Cancel();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 << std::min(reconnects_, 5)));
+    if (channels_.size() > 1) {
+      current_ = (current_ + 1) % channels_.size();
+      stub_ = v1::Loader::NewStub(channels_[current_]);
+    }
+    if (reconnects_ % channels_.size() == 0 || channels_.size() == 1) {
+      const int round = reconnects_ / static_cast<int>(channels_.size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 << std::min(round, 5)));
+    }
   }
 }
 
 // ------------------------------------------------------------------ Client
 
-Client::Client(std::shared_ptr<grpc::Channel> channel, std::string token)
-    : channel_(std::move(channel)), token_(std::move(token)), stub_(v1::Loader::NewStub(channel_)) {}
+Client::Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
+               std::string token)
+    : addresses_(std::move(addresses)), channels_(std::move(channels)), token_(std::move(token)) {
+  for (const auto& c : channels_) stubs_.push_back(v1::Loader::NewStub(c));
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, const ClientOptions& options) {
-  if (address.empty()) return absl::InvalidArgumentError("empty daemon address (expected host:port or unix:/path)");
+  std::vector<std::string> addresses;
+  for (absl::string_view a : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
+    addresses.emplace_back(absl::StripAsciiWhitespace(a));
+  }
+  if (addresses.empty()) {
+    return absl::InvalidArgumentError("empty daemon address (expected host:port, unix:/path or dns:///name:port)");
+  }
+  if (addresses.size() > 64) return absl::InvalidArgumentError("at most 64 daemon addresses");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -381,36 +404,48 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
     creds = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  auto channel = grpc::CreateCustomChannel(address, creds, args);
-  return std::unique_ptr<Client>(new Client(std::move(channel), options.token));
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const std::string& a : addresses) channels.push_back(grpc::CreateCustomChannel(a, creds, args));
+  return std::unique_ptr<Client>(new Client(std::move(addresses), std::move(channels), options.token));
+}
+
+grpc::Status Client::Unary(const std::function<grpc::Status(v1::Loader::Stub*, grpc::ClientContext*)>& call) {
+  grpc::Status st;
+  for (size_t tried = 0; tried < stubs_.size(); ++tried) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
+    st = call(stubs_[current_].get(), &ctx);
+    if (st.error_code() != grpc::StatusCode::UNAVAILABLE) return st;
+    current_ = (current_ + 1) % stubs_.size();
+  }
+  return st;
 }
 
 absl::StatusOr<std::vector<std::string>> Client::ListDatasets() {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
-  v1::ListDatasetsRequest req;
   v1::ListDatasetsResponse resp;
-  grpc::Status st = stub_->ListDatasets(&ctx, req, &resp);
+  grpc::Status st = Unary([&](v1::Loader::Stub* stub, grpc::ClientContext* ctx) {
+    return stub->ListDatasets(ctx, v1::ListDatasetsRequest(), &resp);
+  });
   if (!st.ok()) return FromGrpc(st);
   return std::vector<std::string>(resp.datasets().begin(), resp.datasets().end());
 }
 
 absl::StatusOr<v1::DatasetDescription> Client::Describe(const std::string& dataset) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
   v1::DescribeDatasetRequest req;
   req.set_dataset(dataset);
   v1::DatasetDescription resp;
-  grpc::Status st = stub_->DescribeDataset(&ctx, req, &resp);
+  grpc::Status st = Unary([&](v1::Loader::Stub* stub, grpc::ClientContext* ctx) {
+    return stub->DescribeDataset(ctx, req, &resp);
+  });
   if (!st.ok()) return FromGrpc(st);
   return resp;
 }
 
 absl::StatusOr<std::unique_ptr<Subscription>> Client::Subscribe(const v1::Subscribe& request,
                                                                 const SubscribeOptions& options) {
-  auto sub = std::unique_ptr<Subscription>(new Subscription(channel_, request, options, token_));
+  auto sub = std::unique_ptr<Subscription>(
+      new Subscription(addresses_, channels_, current_, request, options, token_));
   if (!request.resume_cursor().empty()) sub->last_cursor_ = request.resume_cursor();
   return sub;
 }

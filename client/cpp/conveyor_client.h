@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,15 +124,19 @@ class Subscription {
   void Cancel();
   // Shared-memory segments mapped so far.
   size_t shared_segments() const { return segments_.size(); }
+  // The daemon address the stream is on (it moves to the next one when a daemon fails).
+  const std::string& address() const { return addresses_[current_]; }
 
  private:
   friend class Client;
-  Subscription(std::shared_ptr<grpc::Channel> channel, v1::Subscribe request, SubscribeOptions options,
-               std::string token);
+  Subscription(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
+               size_t first, v1::Subscribe request, SubscribeOptions options, std::string token);
   absl::Status Open();
   absl::StatusOr<bool> Receive(ReceivedBatch* out);
 
-  std::shared_ptr<grpc::Channel> channel_;
+  const std::vector<std::string> addresses_;
+  const std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  size_t current_ = 0;
   std::unique_ptr<v1::Loader::Stub> stub_;
   v1::Subscribe request_;
   const SubscribeOptions options_;
@@ -156,7 +161,10 @@ struct ClientOptions {
 
 class Client {
  public:
-  // `address`: "host:port" or "unix:/path". Does not connect until the first call.
+  // `address`: "host:port", "unix:/path", "dns:///name:port" (every address the name
+  // resolves to), or several of these separated by commas: replicas serving the same
+  // datasets. Calls go to the first that answers; a subscription whose daemon fails resumes
+  // from its cursor on the next. Does not connect until the first call.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
                                                         const ClientOptions& options = {});
   absl::StatusOr<std::vector<std::string>> ListDatasets();
@@ -166,10 +174,15 @@ class Client {
                                                           const SubscribeOptions& options = {});
 
  private:
-  Client(std::shared_ptr<grpc::Channel> channel, std::string token);
-  std::shared_ptr<grpc::Channel> channel_;
+  Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels, std::string token);
+  // Runs `call` on each daemon in turn, from the one that answered last, while they are
+  // UNAVAILABLE.
+  grpc::Status Unary(const std::function<grpc::Status(v1::Loader::Stub*, grpc::ClientContext*)>& call);
+  const std::vector<std::string> addresses_;
+  const std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Loader::Stub>> stubs_;
+  size_t current_ = 0;
   const std::string token_;
-  std::unique_ptr<v1::Loader::Stub> stub_;
 };
 
 // grpc::Status -> absl::Status.

@@ -183,5 +183,33 @@ class ClientTest(unittest.TestCase):
             client.close()
 
 
+class FailoverTest(unittest.TestCase):
+    def test_a_killed_daemon_fails_over_to_the_replica(self):
+        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
+            a, a_address = start_daemon(a_dir)
+            b, b_address = start_daemon(b_dir)
+            try:
+                client = conveyor.Client([a_address, b_address])
+                keys = []
+                sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True)
+                for n, batch in enumerate(sub):
+                    keys.extend(batch.keys())
+                    if n == 3:
+                        self.assertEqual(sub.address_index, 0)
+                        a.kill()
+                        a.wait(timeout=30)
+                self.assertEqual(sub.address_index, 1)
+                self.assertEqual(len(keys), 2000)
+                self.assertEqual(len(set(keys)), 2000)
+                self.assertIn("sparse", client.list_datasets())  # unary calls skip the dead one
+                client.close()
+            finally:
+                for p in (a, b):
+                    if p.poll() is None:
+                        p.kill()
+                    p.wait(timeout=30)
+                    p.stderr.close()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -102,6 +103,39 @@ TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
   }
   EXPECT_EQ(keys.size(), 2000u);
   EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 2000u);
+}
+
+// Two replicas behind one client: the daemon serving the stream is killed mid-epoch, the
+// subscription resumes from its cursor on the other, and the epoch arrives exactly once.
+TEST(DaemonProcess, FailoverToAReplicaCompletesTheEpochExactlyOnce) {
+  TempDir dir;
+  auto a = std::make_unique<DaemonProcess>(dir.path());
+  DaemonProcess b(dir.path());
+  ASSERT_TRUE(a->started() && b.started());
+  auto client = Client::Connect(a->address() + "," + b.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto names = (*client)->ListDatasets();
+  ASSERT_TRUE(names.ok()) << names.status();
+  auto sub = (*client)->Subscribe(Sub());
+  ASSERT_TRUE(sub.ok());
+  std::multiset<uint64_t> keys;
+  ReceivedBatch batch;
+  uint64_t batches = 0;
+  while (true) {
+    auto more = (*sub)->Next(&batch);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    for (uint64_t k : batch.descriptor().pieces().key()) keys.insert(k);
+    if (++batches == 5) {
+      EXPECT_EQ((*sub)->address(), a->address());
+      a.reset();  // kill -9 of the daemon in use, batches in flight
+    }
+  }
+  EXPECT_EQ((*sub)->address(), b.address());
+  EXPECT_EQ(keys.size(), 2000u);
+  EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 2000u);
+  // Unary calls skip the dead replica too.
+  EXPECT_TRUE((*client)->Describe("sparse").ok());
 }
 
 TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {

@@ -4,6 +4,7 @@ import mmap
 import os
 import queue
 import socket
+import time
 
 import grpc
 import numpy as np
@@ -131,8 +132,10 @@ class Batch:
 class Subscription:
     """An iterator of Batch. Each batch is acknowledged when the next one is asked for."""
 
-    def __init__(self, stub, subscribe, reconnect=True, max_reconnects=5):
-        self._stub = stub
+    def __init__(self, stubs, subscribe, reconnect=True, max_reconnects=5, first=0):
+        self._stubs = stubs  # one per daemon address: a failed daemon's stream resumes on the next
+        self._current = first
+        self._stub = stubs[first]
         self._subscribe = subscribe
         self._reconnect = reconnect
         self._max_reconnects = max_reconnects
@@ -149,7 +152,13 @@ class Subscription:
         """The cursor of the last batch handed out ('' before the first)."""
         return self._cursor
 
+    @property
+    def address_index(self):
+        """Which of the client's addresses the stream is on."""
+        return self._current
+
     def _open(self):
+        self._segments = {}  # a new stream announces its own segments
         self._requests = queue.Queue()
         first = pb.StreamRequest()
         first.subscribe.CopyFrom(self._subscribe)
@@ -210,8 +219,14 @@ class Subscription:
             except grpc.RpcError as e:
                 code = e.code()
                 self.close()
-                if code == grpc.StatusCode.UNAVAILABLE and self._reconnect and self._reconnects < self._max_reconnects:
+                limit = self._max_reconnects * len(self._stubs)
+                if code == grpc.StatusCode.UNAVAILABLE and self._reconnect and self._reconnects < limit:
+                    # Resume from the cursor on the next daemon; back off after trying them all.
                     self._reconnects += 1
+                    self._current = (self._current + 1) % len(self._stubs)
+                    self._stub = self._stubs[self._current]
+                    if self._reconnects % len(self._stubs) == 0:
+                        time.sleep(0.1 * 2 ** min(self._reconnects // len(self._stubs), 5))
                     continue
                 raise ConveyorError(code, e.details(), self._cursor) from None
 
@@ -268,30 +283,53 @@ class _Stub:
 
 
 class Client:
-    """A connection to conveyord: "host:port" or "unix:/path".
+    """A connection to conveyord: "host:port", "unix:/path", "dns:///name:port", or several
+    replicas serving the same datasets (a list, or addresses separated by commas): calls go
+    to the first that answers, and a subscription whose daemon fails resumes from its cursor
+    on the next.
 
     root_certificates (PEM bytes): connect with TLS trusting them; server_name: the name the
     daemon's certificate carries, if not the host's; token: the daemon's bearer token."""
 
     def __init__(self, address, root_certificates=None, server_name=None, token=None):
-        self.address = address
+        addresses = address if isinstance(address, (list, tuple)) else address.split(",")
+        self.addresses = [a.strip() for a in addresses if a.strip()]
+        if not self.addresses:
+            raise ValueError("no daemon address given")
+        self.address = self.addresses[0]
         options = [("grpc.max_receive_message_length", -1)]
-        if root_certificates is not None:
-            if server_name:
-                options.append(("grpc.ssl_target_name_override", server_name))
-            self._channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options=options)
-        else:
-            self._channel = grpc.insecure_channel(address, options=options)
-        self._stub = _Stub(pb_grpc.LoaderStub(self._channel), token)
+        if root_certificates is not None and server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self._channels = []
+        for a in self.addresses:
+            if root_certificates is not None:
+                self._channels.append(grpc.secure_channel(a, grpc.ssl_channel_credentials(root_certificates), options=options))
+            else:
+                self._channels.append(grpc.insecure_channel(a, options=options))
+        self._stubs = [_Stub(pb_grpc.LoaderStub(c), token) for c in self._channels]
+        self._current = 0
 
     def close(self):
-        self._channel.close()
+        for c in self._channels:
+            c.close()
+
+    def _unary(self, name, request):
+        error = None
+        for _ in range(len(self._stubs)):
+            try:
+                return getattr(self._stubs[self._current], name)(request, timeout=30)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                error = e
+                self._current = (self._current + 1) % len(self._stubs)
+        raise error
 
     def list_datasets(self):
-        return list(self._stub.ListDatasets(pb.ListDatasetsRequest(), timeout=30).datasets)
+        return list(self._unary("ListDatasets", pb.ListDatasetsRequest()).datasets)
 
     def describe(self, dataset):
-        return self._stub.DescribeDataset(pb.DescribeDatasetRequest(dataset=dataset), timeout=30)
+        return self._unary("DescribeDataset", pb.DescribeDatasetRequest(dataset=dataset))
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
@@ -324,4 +362,4 @@ class Client:
             s.world = world
         if frame_mode is not None:
             s.frame_mode = frame_mode
-        return Subscription(self._stub, s, reconnect=reconnect)
+        return Subscription(self._stubs, s, reconnect=reconnect, first=self._current)
