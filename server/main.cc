@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   if (config_path.empty()) config_path = ExamplesConfig();
@@ -190,7 +191,13 @@ int main(int argc, char** argv) {
     std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   }
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+    std::fprintf(stderr,
+                 "conveyord: SIGHUP: reloading the configuration is not supported; restart the daemon "
+                 "instead (subscribers resume from their cursors)\n");
+  }
+  // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
+  if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
   std::fprintf(stderr, "conveyord: %s: draining %zu stream(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                service.active_streams());
   service.Drain();

@@ -12,6 +12,7 @@ void RegisterDump(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
 #ifdef CONVEYOR_HAVE_SERVICE
 void RegisterSubscribe(CLI::App& app, int* exit_code);
+void RegisterHealth(CLI::App& app, int* exit_code);
 #endif
 
 }  // namespace conveyor::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   conveyor::cli::RegisterBench(app, &exit_code);
 #ifdef CONVEYOR_HAVE_SERVICE
   conveyor::cli::RegisterSubscribe(app, &exit_code);
+  conveyor::cli::RegisterHealth(app, &exit_code);
 #endif
   CLI11_PARSE(app, argc, argv);
   return exit_code;

@@ -95,7 +95,10 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
       "Stream a dataset's minibatches from a running conveyord (ADDR: host:port or unix:/path) and "
       "print the throughput, or with --dump every sequence in the dump format (the same lines as "
       "`conveyor dump` with the same options). A broken stream is resumed from the last cursor.");
-  cmd->add_option("address", args->address, "Daemon address: host:port or unix:/path")->required();
+  cmd->add_option("address", args->address,
+                  "Daemon address: host:port, unix:/path, dns:///name:port, or replicas separated by commas "
+                  "(a stream whose daemon fails resumes on the next)")
+      ->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
   cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -35,6 +36,9 @@ class DaemonProcess {
     }
   }
   ~DaemonProcess() { Kill(SIGKILL); }
+  void Signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
   std::string address() const { return "127.0.0.1:" + port_; }
   bool started() const { return !port_.empty(); }
   int Kill(int sig) {
@@ -136,6 +140,25 @@ TEST(DaemonProcess, FailoverToAReplicaCompletesTheEpochExactlyOnce) {
   EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 2000u);
   // Unary calls skip the dead replica too.
   EXPECT_TRUE((*client)->Describe("sparse").ok());
+}
+
+// `conveyor health` (the container's HEALTHCHECK) against a live daemon, one that ignores
+// SIGHUP, and a dead one.
+TEST(DaemonProcess, HealthCommandTellsServingFromGone) {
+  TempDir dir;
+  DaemonProcess d(dir.path());
+  ASSERT_TRUE(d.started());
+  auto health = [&] {
+    const std::string cmd = std::string(CONVEYOR_BINARY) + " health --quiet --timeout 2 " + d.address();
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(health(), 0);
+  d.Signal(SIGHUP);  // reload is not supported: the daemon says so and keeps serving
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(health(), 0);
+  d.Kill(SIGKILL);
+  EXPECT_EQ(health(), 1);
 }
 
 TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {
