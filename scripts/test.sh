@@ -7,4 +7,7 @@ scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300
 scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
+# The container, end to end with podman (installed from Debian if missing); set
+# CONVEYOR_CONTAINER_TEST=0 to leave it out.
+if [[ ${CONVEYOR_CONTAINER_TEST:-1} != 0 ]]; then bash deploy/smoke-test.sh; fi
 echo "conveyor: all tests passed"
