@@ -106,8 +106,12 @@ class Converter {
           RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "' (expected alias, dim, format, definesMBSize)")));
         }
       }
-      if (!have_format) return Error(s, absl::StrCat("input '", name, "' needs 'format: dense' or 'format: sparse'"));
-      if (!have_dim && sc.format != StreamFormat::kIds)
+      const bool binary = d->type == "CNTKBinary";  // the file describes its streams
+      if (binary && sc.format == StreamFormat::kIds)
+        return Error(s, absl::StrCat("input '", name, "': format 'ids' is not available for CNTKBinary"));
+      sc.format_given = have_format;
+      if (!have_format && !binary) return Error(s, absl::StrCat("input '", name, "' needs 'format: dense' or 'format: sparse'"));
+      if (!have_dim && sc.format != StreamFormat::kIds && !binary)
         return Error(s, absl::StrCat("input '", name, "' needs 'dim'"));
       if (sc.format == StreamFormat::kIds && d->type == "CNTKTextFormat")
         return Error(s, absl::StrCat("input '", name, "': format 'ids' is not available for CNTKTextFormat (use dense or sparse)"));
@@ -178,12 +182,13 @@ class Converter {
       const std::string lt = Lower(t);
       if (lt == "cntktextformat" || lt == "cntktextformatreader" || lt == "cntktextformatdeserializer") {
         d->type = "CNTKTextFormat";
-      } else if (lt == "cntkbinary" || lt == "cntkbinaryreader" || lt == "cntkbinaryformatdeserializer" ||
-                 lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" || lt == "kalditable" ||
+      } else if (lt == "cntkbinary" || lt == "cntkbinaryreader" || lt == "cntkbinaryformatdeserializer") {
+        d->type = "CNTKBinary";
+      } else if (lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" || lt == "kalditable" ||
                  lt == "htkfeaturedeserializer" || lt == "htkmlfdeserializer") {
         return absl::UnimplementedError(absl::StrCat(
             source_, ":", v.line, ":", v.column, ": deserializer type '", t,
-            "' is not supported by this build yet; CNTKTextFormat is"));
+            "' is not supported by this build yet; CNTKTextFormat and CNTKBinary are"));
       } else {
         return Error(v, absl::StrCat("unknown deserializer type '", t, "' (expected CNTKTextFormat, CNTKBinary, HTKFeature, HTKMLF or KaldiTable)"));
       }
@@ -212,7 +217,7 @@ class Converter {
   absl::Status FinishDeserializer(const ConfigNode& at, DeserializerConfig* d) {
     if (d->type.empty()) d->type = "CNTKTextFormat";
     if (d->file.empty()) return Error(at, "the deserializer needs 'file'");
-    if (d->streams.empty()) return Error(at, "the deserializer needs 'input' with at least one stream");
+    if (d->streams.empty() && d->type != "CNTKBinary") return Error(at, "the deserializer needs 'input' with at least one stream");
     return absl::OkStatus();
   }
 

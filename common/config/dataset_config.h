@@ -22,11 +22,12 @@ struct StreamConfig {
   StreamFormat format = StreamFormat::kDense;
   uint64_t dim = 0;   // dense: values per sample; sparse: bound on indices
   bool defines_mb_size = false;
+  bool format_given = true;  // CNTKBinary: format/dim may be left to the file (false, dim 0)
 };
 
 // One deserializer of a dataset. Only CNTKTextFormat is implemented by this build.
 struct DeserializerConfig {
-  std::string type;  // canonical: "CNTKTextFormat"
+  std::string type;  // canonical: "CNTKTextFormat" or "CNTKBinary"
   std::string file;  // absolute or relative to the working directory, already resolved
   bool skip_sequence_ids = false;
   uint64_t chunk_size_in_bytes = 32ull << 20;

@@ -1,6 +1,7 @@
 #include "common/dataset/dataset.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/index/index_cache.h"
 #include "common/status_macros.h"
@@ -24,13 +25,14 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
         " deserializers; composite datasets are not supported by this build yet"));
   }
   const DeserializerConfig& d = config_.deserializers[0];
-  if (d.type != "CNTKTextFormat") {
+  if (d.type != "CNTKTextFormat" && d.type != "CNTKBinary") {
     return absl::UnimplementedError(absl::StrCat("deserializer type '", d.type, "' is not supported by this build"));
   }
   streams_ = d.streams;
   diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
   budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
   ASSIGN_OR_RETURN(file_, MappedFile::Open(d.file));
+  if (d.type == "CNTKBinary") return InitCbf(options);
 
   CtfIndexOptions io;
   io.skip_sequence_ids = d.skip_sequence_ids;
@@ -93,8 +95,65 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
+  const DeserializerConfig& d = config_.deserializers[0];
+  const std::string_view bytes = file_->bytes();
+  if (!IsCbf(bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(d.file, ": not a CNTK binary file (expected the magic number "
+                                                   "\"cntk_bin\" at byte 0; convert text with `conveyor convert`)"));
+  }
+  ASSIGN_OR_RETURN(CbfFile file, ReadCbfFile(bytes, d.file));
+  cbf_ = std::make_unique<CbfFile>(std::move(file));
+  for (const CbfStreamInfo& s : cbf_->streams) {
+    if (s.precision != config_.precision) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d.file, ": stream '", s.name, "' holds ", s.precision == Precision::kFloat ? "float" : "double",
+          " values but the dataset's precision is ", config_.precision == Precision::kFloat ? "float" : "double",
+          " (set `precision: ", s.precision == Precision::kFloat ? "float" : "double", "`)"));
+    }
+  }
+  auto file_names = [&] {
+    std::string out;
+    for (const CbfStreamInfo& s : cbf_->streams) absl::StrAppend(&out, out.empty() ? "" : ", ", s.name);
+    return out;
+  };
+  // Without `input`, every stream of the file under its own name; with it, the named streams
+  // (`alias`: the file's name for it), checked against what the file declares.
+  if (streams_.empty()) {
+    for (const CbfStreamInfo& s : cbf_->streams) {
+      StreamConfig sc;
+      sc.name = sc.alias = s.name;
+      sc.format_given = false;
+      streams_.push_back(sc);
+    }
+  }
+  for (StreamConfig& sc : streams_) {
+    int found = -1;
+    for (size_t i = 0; i < cbf_->streams.size(); ++i)
+      if (cbf_->streams[i].name == sc.alias) found = static_cast<int>(i);
+    if (found < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(d.file, ": input '", sc.name, "' names stream '", sc.alias,
+                                                     "', which the file does not have (it has: ", file_names(), ")"));
+    }
+    const CbfStreamInfo& s = cbf_->streams[found];
+    if ((sc.format_given && sc.format != s.format) || (sc.dim != 0 && sc.dim != s.dim)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          d.file, ": input '", sc.name, "' is configured as ", StreamFormatName(sc.format), " dim ", sc.dim,
+          " but the file's stream '", s.name, "' is ", StreamFormatName(s.format), " dim ", s.dim));
+    }
+    sc.format = s.format;
+    sc.dim = s.dim;
+    cbf_source_.push_back(found);
+  }
+  if (options.progress) options.progress(0, file_->bytes().size());
+  ASSIGN_OR_RETURN(index_, BuildCbfIndex(*cbf_, bytes, d.file));
+  if (options.progress) options.progress(file_->bytes().size(), file_->bytes().size());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_id) const {
   parses_.fetch_add(1);
+  if (cbf_) return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, config_.precision, path());
   return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
 }
 

@@ -18,6 +18,7 @@
 #include "common/batch/parsed_chunk.h"
 #include "common/config/dataset_config.h"
 #include "common/error_budget.h"
+#include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_parser.h"
 #include "common/index/index.h"
 #include "common/log.h"
@@ -81,6 +82,7 @@ class Dataset {
  private:
   Dataset(DatasetConfig config) : config_(std::move(config)) {}
   absl::Status Init(const DatasetOpenOptions& options);
+  absl::Status InitCbf(const DatasetOpenOptions& options);
 
   const DatasetConfig config_;
   std::vector<StreamConfig> streams_;
@@ -91,6 +93,8 @@ class Dataset {
   std::unique_ptr<Diagnostics> diagnostics_;
   std::unique_ptr<ErrorBudget> budget_;
   std::unique_ptr<CtfParser> parser_;
+  std::unique_ptr<CbfFile> cbf_;         // CNTKBinary: the file's header and chunk table
+  std::vector<int> cbf_source_;          // per stream: the file stream it reads
   struct CacheEntry {
     std::weak_ptr<const ParsedChunk> chunk;
     bool parsing = false;
