@@ -10,6 +10,7 @@ void RegisterInspect(CLI::App& app, int* exit_code);
 void RegisterIndex(CLI::App& app, int* exit_code);
 void RegisterDump(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
+void RegisterConvert(CLI::App& app, int* exit_code);
 #ifdef CONVEYOR_HAVE_SERVICE
 void RegisterSubscribe(CLI::App& app, int* exit_code);
 void RegisterHealth(CLI::App& app, int* exit_code);

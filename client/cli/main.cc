@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   conveyor::cli::RegisterIndex(app, &exit_code);
   conveyor::cli::RegisterDump(app, &exit_code);
   conveyor::cli::RegisterBench(app, &exit_code);
+  conveyor::cli::RegisterConvert(app, &exit_code);
 #ifdef CONVEYOR_HAVE_SERVICE
   conveyor::cli::RegisterSubscribe(app, &exit_code);
   conveyor::cli::RegisterHealth(app, &exit_code);

@@ -41,6 +41,25 @@ TEST(Cli, DumpPrintsTheExampleInTheDumpFormat) {
   EXPECT_NE(r.out.find("\"batch\":499,\"key\":\"999\""), std::string::npos);
 }
 
+// convert the sparse example to CBF, read it back as `type: CNTKBinary`: same sequences.
+TEST(Cli, ConvertThenDumpTheBinaryFile) {
+  TempDir dir;
+  const std::string cbf = dir.path() + "/sparse.cbf";
+  CliRun conv = Conveyor("convert " + std::string(CONVEYOR_SOURCE_DIR) + "/examples/sparse.ctf " + cbf + " --config " +
+                         kExamples + " --dataset sparse --chunk-size 65536");
+  ASSERT_EQ(conv.code, 0) << conv.out;
+  EXPECT_NE(conv.out.find("2000 sequences, 2000 samples"), std::string::npos) << conv.out;
+  const std::string config = dir.Write("cbf.yaml", "datasets:\n  b:\n    randomize: false\n    deserializers:\n"
+                                                   "      - {type: CNTKBinary, file: " + cbf + "}\n");
+  CliRun back = Conveyor("inspect " + config);
+  ASSERT_EQ(back.code, 0) << back.out;
+  EXPECT_NE(back.out.find("words            alias words    sparse dim 5000     samples 2000  nnz 34921"), std::string::npos)
+      << back.out;
+  CliRun missing = Conveyor("convert /nonexistent.ctf " + cbf + " --config " + kExamples + " --dataset sparse");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("/nonexistent.ctf"), std::string::npos) << missing.out;
+}
+
 TEST(Cli, DumpOfBrainScriptReaderBlockEqualsTheYamlDataset) {
   CliRun bs = Conveyor("dump " + std::string(CONVEYOR_SOURCE_DIR) + "/examples/reader.cntk --minibatch-size 8");
   CliRun yaml = Conveyor("dump " + kExamples + " --dataset simple --minibatch-size 8");

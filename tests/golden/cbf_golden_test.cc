@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
 #include "common/formats/cbf/cbf_reader.h"
+#include "common/formats/cbf/cbf_writer.h"
 #include "common/mapped_file.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -47,7 +48,7 @@ std::string Normalized(const std::string& dump) {
     std::string sorted;
     size_t i = 0;
     while (i < line.size()) {
-      if (line.compare(i, 2, "[[") == 0 && i + 2 < line.size() && line[i + 2] != '[') {
+      if (line.compare(i, 2, "[[") == 0 && i + 2 < line.size() && line[i + 2] != '[' && line[i + 2] != ']') {
         const size_t close = line.find("]]", i);
         std::vector<std::pair<long, std::string>> pairs;
         size_t p = i + 1;
@@ -91,6 +92,25 @@ TEST_P(CbfGolden, DecodesToWhatTheTextReaderGives) {
   ASSERT_TRUE(ctf.ok()) << ctf.status();
   EXPECT_FALSE(bin->empty());
   EXPECT_EQ(Normalized(*bin), Normalized(*ctf));
+}
+
+// conveyor convert (WriteCbf) of the same text with ctf2bin's header writes ctf2bin's bytes.
+TEST_P(CbfGolden, ConvertWritesWhatCtf2binWrote) {
+  const Case& c = GetParam();
+  DatasetConfig text = CtfDataset(TextDir() + c.name + ".txt", c.ctf_input, "randomize: false");
+  text.precision = c.precision;
+  auto ds = Dataset::Open(text);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  TempDir dir;
+  const std::string out = dir.path() + "/out.cbf";
+  auto stats = WriteCbf(**ds, out, {});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->chunks, 1u);
+  const std::string expected = ReadFile(TestdataDir() + "/cntk/CNTKBinaryReader/ctf2bin/" + c.name + ".bin");
+  const std::string got = ReadFile(out);
+  EXPECT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(got == expected) << "first difference at byte "
+                               << (std::mismatch(got.begin(), got.end(), expected.begin(), expected.end()).first - got.begin());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -162,6 +182,40 @@ TEST(Cbf, CntkBrainScriptConfigurationsLoad) {
   ASSERT_NE(mixed, nullptr);
   ASSERT_EQ(mixed->deserializers[0].streams.size(), 5u);
   EXPECT_EQ(mixed->deserializers[0].streams[0].alias, "a");
+}
+
+// Small chunks (ctf2bin would make every sequence after the first chunk its own chunk) and
+// empty sparse samples (ctf2bin drops them) survive a round trip: text -> CBF -> the same dump.
+TEST(Cbf, ConvertKeepsChunkSizesAndEmptySamples) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    text += std::to_string(i) + " |d " + std::to_string(i) + " " + std::to_string(-i) + " |s " +
+            (i % 3 == 0 ? std::string() : std::to_string(i % 50) + ":1.5 " + std::to_string((i * 7) % 50) + ":-2") + "\n";
+    if (i % 4 == 0) text += std::to_string(i) + " |d 0.25 0.5\n";  // a second sample, no |s
+  }
+  DatasetConfig config = CtfDataset(dir.Write("in.ctf", text), "{d: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}",
+                                    "randomize: false");
+  auto ds = Dataset::Open(config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  CbfWriteOptions wo;
+  wo.chunk_size = 1000;
+  const std::string out = dir.path() + "/out.cbf";
+  auto stats = WriteCbf(**ds, out, wo);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->sequences, 300u);
+  EXPECT_GT(stats->chunks, 10u);
+  EXPECT_LT(stats->chunks, 60u);  // about 1000 bytes each, not one per sequence
+  auto back = Dataset::Open(CbfDataset(out, Precision::kFloat));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->index().chunks.size(), stats->chunks);
+  ReadOptions ro;
+  ro.minibatch_size = 16;
+  auto a = DumpDataset(config, ro);
+  auto b = DumpDataset(CbfDataset(out, Precision::kFloat), ro);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(Normalized(*a), Normalized(*b));
+  EXPECT_NE(a->find("\"s\":{\"sparse\":[[]"), std::string::npos);  // an empty sparse sample, kept
 }
 
 // Every prefix and a corruption of every byte of a real file: open and read it all; each
