@@ -14,6 +14,14 @@ for f in ctf_parser_fuzzer config_fuzzer cbf_fuzzer; do
   mkdir -p "$corpus"
   cp -n tests/fuzz/corpus/"$f"/* "$corpus"/ 2>/dev/null || true
   echo "conveyor: fuzzing $f for ${seconds}s"
-  (cd build-fuzz && "./tests/fuzz/$f" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-      -print_final_stats=1 "corpus-$f" 2>&1 | tail -n 4)
+  log="build-fuzz/$f.log"
+  if (cd build-fuzz && "./tests/fuzz/$f" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 "corpus-$f" > "$f.log" 2>&1); then
+    tail -n 4 "$log"
+  else
+    # What the fuzzer found, and the input that shows it (build-fuzz/crash-*, etc.).
+    grep -v -E '^#[0-9]+\s+(NEW|REDUCE|pulse|INITED|RELOAD)' "$log" | tail -n 60
+    echo "conveyor: $f failed; reproduce with: build-fuzz/tests/fuzz/$f build-fuzz/<the crash file above>" >&2
+    exit 1
+  fi
 done

@@ -153,6 +153,16 @@ absl::StatusOr<Index> BuildCbfIndex(const CbfFile& file, std::string_view bytes,
 
 namespace {
 
+// Appends `count` items of `bytes` to `v` (nothing at all for none: memcpy must not see the
+// null data() of an empty vector).
+template <typename T>
+void Append(std::vector<T>* v, const char* bytes, uint64_t count) {
+  if (count == 0) return;
+  const size_t at = v->size();
+  v->resize(at + count);
+  std::memcpy(v->data() + at, bytes, count * sizeof(T));
+}
+
 template <typename T>
 absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
                          const std::vector<int>& source, const std::string& path, ParsedChunk* out) {
@@ -193,12 +203,7 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
           return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": ", n, " samples of dimension ", info.dim,
                                   " run past the chunk"));
         }
-        if (ps != nullptr) {
-          auto& v = ps->values<T>();
-          const size_t at = v.size();
-          v.resize(at + uint64_t{n} * info.dim);
-          std::memcpy(v.data() + at, values, uint64_t{n} * info.dim * sizeof(T));
-        }
+        if (ps != nullptr) Append(&ps->values<T>(), values, uint64_t{n} * info.dim);
       } else {
         int32_t nnz = 0;
         const char *values = nullptr, *indices = nullptr, *per_sample = nullptr;
@@ -226,13 +231,8 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
           }
         }
         if (ps != nullptr) {
-          auto& v = ps->values<T>();
-          const size_t at = v.size();
-          v.resize(at + static_cast<size_t>(nnz));
-          std::memcpy(v.data() + at, values, static_cast<size_t>(nnz) * sizeof(T));
-          const size_t iat = ps->indices.size();
-          ps->indices.resize(iat + static_cast<size_t>(nnz));
-          std::memcpy(ps->indices.data() + iat, indices, static_cast<size_t>(nnz) * 4);
+          Append(&ps->values<T>(), values, static_cast<uint64_t>(nnz));
+          Append(&ps->indices, indices, static_cast<uint64_t>(nnz));
           uint64_t running = ps->nnz_begin.back();
           for (uint32_t t = 0; t < n; ++t) {
             int32_t k = 0;
