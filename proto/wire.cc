@@ -32,6 +32,35 @@ v1::DType ToProto(DType t) {
   return v1::DTYPE_FLOAT32;
 }
 
+v1::Layout ToProto(OutputLayout l) {
+  switch (l) {
+    case OutputLayout::kNative:
+      return v1::LAYOUT_NATIVE;
+    case OutputLayout::kCsc:
+      return v1::LAYOUT_CSC;
+    case OutputLayout::kCsr:
+      return v1::LAYOUT_CSR;
+    case OutputLayout::kDense:
+      return v1::LAYOUT_DENSE;
+  }
+  return v1::LAYOUT_NATIVE;
+}
+
+absl::StatusOr<OutputLayout> LayoutFromProto(v1::Layout l) {
+  switch (l) {
+    case v1::LAYOUT_NATIVE:
+      return OutputLayout::kNative;
+    case v1::LAYOUT_CSC:
+      return OutputLayout::kCsc;
+    case v1::LAYOUT_CSR:
+      return OutputLayout::kCsr;
+    case v1::LAYOUT_DENSE:
+      return OutputLayout::kDense;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(l)));
+  }
+}
+
 namespace {
 
 void ArrayToProto(const ArrayDesc& a, v1::ArrayRef* out) {
@@ -104,11 +133,9 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
     ArrayToProto(L.rowind, s->mutable_rowind());
     ArrayToProto(L.rowptr, s->mutable_rowptr());
     ArrayToProto(L.colind, s->mutable_colind());
-    if (L.format != StreamFormat::kSparse) {
-      s->set_layout(v1::LAYOUT_NATIVE);
-    } else {
-      s->set_layout(L.csr() ? v1::LAYOUT_CSR : (L.dense_values() ? v1::LAYOUT_DENSE : v1::LAYOUT_CSC));
-    }
+    // As delivered: a sparse stream's native layout is CSC.
+    s->set_layout(L.format == StreamFormat::kSparse && L.layout == OutputLayout::kNative ? v1::LAYOUT_CSC
+                                                                                         : ToProto(L.layout));
   }
   v1::Pieces* q = out->mutable_pieces();
   const int n = static_cast<int>(plan.pieces.size());
@@ -158,19 +185,9 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     L.max_length = s.max_length();
     L.nnz = s.nnz();
     if (L.format == StreamFormat::kSparse) {
-      switch (s.layout()) {
-        case v1::LAYOUT_NATIVE:
-        case v1::LAYOUT_CSC:
-          break;
-        case v1::LAYOUT_CSR:
-          L.layout = OutputLayout::kCsr;
-          break;
-        case v1::LAYOUT_DENSE:
-          L.layout = OutputLayout::kDense;
-          break;
-        default:
-          return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': unknown layout"));
-      }
+      auto layout = LayoutFromProto(s.layout());
+      if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ", layout.status().message()));
+      L.layout = *layout == OutputLayout::kCsc ? OutputLayout::kNative : *layout;
     }
     for (auto [src, dst, what] : {std::make_tuple(&s.lengths(), &L.lengths, "lengths"),
                                   std::make_tuple(&s.values(), &L.values, "values"),

@@ -19,5 +19,8 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d);
 
 v1::Format ToProto(StreamFormat f);
 v1::DType ToProto(DType t);
+v1::Layout ToProto(OutputLayout l);
+// Errors: InvalidArgument for a value this version does not know.
+absl::StatusOr<OutputLayout> LayoutFromProto(v1::Layout l);
 
 }  // namespace conveyor

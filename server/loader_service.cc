@@ -56,23 +56,9 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   StreamRequest r;
   if (s.layouts_size() > 1024) return absl::InvalidArgumentError("at most 1024 layouts");
   for (const auto& [name, layout] : s.layouts()) {
-    switch (layout) {
-      case v1::LAYOUT_NATIVE:
-        r.layouts[name] = OutputLayout::kNative;
-        break;
-      case v1::LAYOUT_CSC:
-        r.layouts[name] = OutputLayout::kCsc;
-        break;
-      case v1::LAYOUT_CSR:
-        r.layouts[name] = OutputLayout::kCsr;
-        break;
-      case v1::LAYOUT_DENSE:
-        r.layouts[name] = OutputLayout::kDense;
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat("unknown layout ", static_cast<int>(layout), " for stream '",
-                                                       name.substr(0, 64), "'"));
-    }
+    auto l = LayoutFromProto(layout);
+    if (!l.ok()) return absl::InvalidArgumentError(absl::StrCat(l.status().message(), " for stream '", name.substr(0, 64), "'"));
+    r.layouts[name] = *l;
   }
   if (s.has_randomize()) r.randomize = s.randomize();
   if (s.has_seed()) r.seed = s.seed();

@@ -40,13 +40,7 @@ v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& req
   s.set_truncation(request.truncation);
   s.set_parallel(request.parallel);
   s.set_resume_cursor(request.resume);
-  for (const auto& [name, layout] : request.layouts) {
-    v1::Layout l = v1::LAYOUT_NATIVE;
-    if (layout == OutputLayout::kCsc) l = v1::LAYOUT_CSC;
-    if (layout == OutputLayout::kCsr) l = v1::LAYOUT_CSR;
-    if (layout == OutputLayout::kDense) l = v1::LAYOUT_DENSE;
-    (*s.mutable_layouts())[name] = l;
-  }
+  for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
   return s;
 }
 
@@ -144,6 +138,17 @@ absl::StatusOr<DenseView<T>> ReceivedBatch::Dense(size_t s) const {
   return v;
 }
 
+// The fields CSC and CSR views share: values, shape and lengths.
+template <typename T, typename View>
+void FillCompressed(const BatchPlan& plan, const StreamLayout& L, const char* data, View* v) {
+  v->values = reinterpret_cast<const T*>(data + L.values.offset);
+  v->steps = L.sequence_axis ? L.max_length : 1;
+  v->columns = plan.shape.rows * v->steps;
+  v->nnz = L.nnz;
+  v->dim = L.dim;
+  v->lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data + L.lengths.offset) : nullptr;
+}
+
 template <typename T>
 absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
   auto checked = CheckedStream<T>(plan_, s, View::kCsc);
@@ -153,12 +158,7 @@ absl::StatusOr<CscView<T>> ReceivedBatch::Csc(size_t s) const {
   v.colptr = data_ + L.colptr.offset;
   v.colptr64 = L.colptr.dtype == DType::kInt64;
   v.rowind = reinterpret_cast<const int32_t*>(data_ + L.rowind.offset);
-  v.values = reinterpret_cast<const T*>(data_ + L.values.offset);
-  v.steps = L.sequence_axis ? L.max_length : 1;
-  v.columns = plan_.shape.rows * v.steps;
-  v.nnz = L.nnz;
-  v.dim = L.dim;
-  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
+  FillCompressed<T>(plan_, L, data_, &v);
   return v;
 }
 
@@ -171,12 +171,7 @@ absl::StatusOr<CsrView<T>> ReceivedBatch::Csr(size_t s) const {
   v.rowptr = data_ + L.rowptr.offset;
   v.rowptr64 = L.rowptr.dtype == DType::kInt64;
   v.colind = reinterpret_cast<const int32_t*>(data_ + L.colind.offset);
-  v.values = reinterpret_cast<const T*>(data_ + L.values.offset);
-  v.steps = L.sequence_axis ? L.max_length : 1;
-  v.columns = plan_.shape.rows * v.steps;
-  v.nnz = L.nnz;
-  v.dim = L.dim;
-  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
+  FillCompressed<T>(plan_, L, data_, &v);
   return v;
 }
 

@@ -92,37 +92,34 @@ class Batch:
         """int32[rows]: valid steps per row (None in frame mode)."""
         return self._array(self._stream(name).lengths)
 
+    def _compressed(self, name, layout, ptr_ref, ind_ref, outer, inner):
+        """(ptr, ind, values) of a CSC or CSR stream, checked so that indexing is safe."""
+        s = self._stream(name)
+        if self.layout(name) != layout:
+            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
+        ptr, ind, values = self._array(ptr_ref(s)), self._array(ind_ref(s)), self._array(s.values)
+        if len(ptr) != outer + 1 or ptr[0] != 0 or ptr[-1] != len(values) or (np.diff(ptr) < 0).any():
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {layout.upper()} pointers")
+        if len(ind) and (ind.min() < 0 or ind.max() >= inner):
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, f"{layout.upper()} index out of range")
+        return ptr, ind, values
+
+    def _columns(self, name):
+        s = self._stream(name)
+        return self.descriptor.rows * (s.max_length if s.sequence_axis else 1)
+
     def csc(self, name):
         """Sparse CSC, one column per (row, step): (colptr, rowind, values, (dim, columns))."""
-        s = self._stream(name)
-        if self.layout(name) != "csc":
-            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
-        colptr = self._array(s.colptr)
-        rowind = self._array(s.rowind)
-        values = self._array(s.values)
-        columns = len(colptr) - 1
-        if colptr[0] != 0 or colptr[-1] != len(values) or (np.diff(colptr) < 0).any():
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "bad CSC column pointers")
-        if len(rowind) and (rowind.min() < 0 or rowind.max() >= s.dim):
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "row index out of range")
-        return colptr, rowind, values, (s.dim, columns)
+        dim, columns = self._stream(name).dim, self._columns(name)
+        colptr, rowind, values = self._compressed(name, "csc", lambda s: s.colptr, lambda s: s.rowind, columns, dim)
+        return colptr, rowind, values, (dim, columns)
 
     def csr(self, name):
         """A sparse stream subscribed with layouts={name: "csr"}: the same dim x columns
         matrix by rows: (rowptr, colind, values, (dim, columns))."""
-        s = self._stream(name)
-        if self.layout(name) != "csr":
-            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
-        rowptr = self._array(s.rowptr)
-        colind = self._array(s.colind)
-        values = self._array(s.values)
-        steps = s.max_length if s.sequence_axis else 1
-        columns = self.descriptor.rows * steps
-        if len(rowptr) != s.dim + 1 or rowptr[0] != 0 or rowptr[-1] != len(values) or (np.diff(rowptr) < 0).any():
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "bad CSR row pointers")
-        if len(colind) and (colind.min() < 0 or colind.max() >= columns):
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "column index out of range")
-        return rowptr, colind, values, (s.dim, columns)
+        dim, columns = self._stream(name).dim, self._columns(name)
+        rowptr, colind, values = self._compressed(name, "csr", lambda s: s.rowptr, lambda s: s.colind, dim, columns)
+        return rowptr, colind, values, (dim, columns)
 
     def mask(self):
         """Truncated BPTT: uint8[rows, T] (1 valid) and flags (bit 0 begin, bit 1 end), else None."""

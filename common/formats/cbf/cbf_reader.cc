@@ -251,11 +251,6 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
   // Sequences with no sample in any delivered stream are not delivered (DESIGN.md section 4):
   // they keep no slot. The others keep their data in file order.
   out->slot_of.assign(n_seq, -1);
-  std::vector<ParsedStream> kept(out->streams.size());
-  for (size_t i = 0; i < kept.size(); ++i) {
-    kept[i].format = out->streams[i].format;
-    kept[i].dim = out->streams[i].dim;
-  }
   bool all_kept = true;
   for (uint32_t j = 0; j < n_seq; ++j) {
     uint32_t most = 0;
