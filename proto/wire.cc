@@ -152,6 +152,10 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
     framed = framed || p.frame >= 0;
     q->set_truncated(q->truncated() || p.truncated);
   }
+  if (!plan.pieces.empty() && !plan.pieces[0].name.empty()) {
+    q->mutable_name()->Reserve(n);
+    for (const PlacedPiece& p : plan.pieces) q->add_name(p.name);
+  }
   if (framed) {
     q->mutable_frame()->Reserve(n);
     for (const PlacedPiece& p : plan.pieces) q->add_frame(p.frame);
@@ -204,7 +208,11 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     using u128 = unsigned __int128;
     const u128 T = L.sequence_axis ? L.max_length : 1;
     const u128 rows = plan.shape.rows;
-    if (L.dense_values()) {
+    if (L.ids()) {
+      if (L.values.bytes != rows * T * 4 || L.values.dtype != DType::kInt32) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ids do not match rows x T"));
+      }
+    } else if (L.dense_values()) {
       if (L.values.bytes != rows * T * L.dim * value_size) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': values do not match rows x T x dim"));
       }
@@ -229,6 +237,7 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   const size_t n = static_cast<size_t>(q.key_size());
   if (static_cast<size_t>(q.row_size()) != n || static_cast<size_t>(q.t0_size()) != n ||
       static_cast<size_t>(q.sample_begin_size()) != n || (q.frame_size() != 0 && static_cast<size_t>(q.frame_size()) != n) ||
+      (q.name_size() != 0 && static_cast<size_t>(q.name_size()) != n) ||
       static_cast<uint64_t>(q.counts_size()) != static_cast<uint64_t>(n) * plan.num_streams) {
     return absl::InvalidArgumentError("the pieces' lists do not have one entry per piece (and stream)");
   }
@@ -240,6 +249,7 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     if (q.row(k) >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
     PlacedPiece& p = plan.pieces[i];
     p.key = q.key(k);
+    if (q.name_size() != 0) p.name = q.name(k);
     p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
     p.row = q.row(k);
     p.t0 = q.t0(k);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/batch/dump_writer.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "client/cli/common_options.h"
@@ -11,6 +12,13 @@
 
 namespace conveyor::cli {
 namespace {
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  AppendJsonStringBody(s, &out);
+  return out;
+}
+
 
 struct InspectArgs {
   std::string config;
@@ -78,11 +86,23 @@ int RunInspect(const InspectArgs& args) {
     const DeserializerConfig& d = dc.deserializers[0];
     if (args.json) {
       if (json.size() > 1) json += ",";
-      absl::StrAppend(&json, "{\"dataset\":\"", dc.name, "\",\"type\":\"", d.type, "\",\"file\":\"", d.file,
+      absl::StrAppend(&json, "{\"dataset\":\"", dc.name, "\",\"type\":\"", d.type, "\",\"file\":\"", JsonEscape((*ds)->path()),
                       "\",\"bytes\":", (*ds)->file_bytes(), ",\"chunks\":", index.chunks.size(),
                       ",\"sequences\":", index.sequences.size(), ",\"valid_sequences\":", good_sequences,
                       ",\"samples\":", index.total_samples, ",\"errors\":", errors,
-                      ",\"max_errors\":", dc.EffectiveMaxErrors(), ",\"streams\":[");
+                      ",\"max_errors\":", dc.EffectiveMaxErrors());
+      if (!(*ds)->source_stats().empty()) {
+        json += ",\"deserializers\":[";
+        for (size_t k = 0; k < (*ds)->source_stats().size(); ++k) {
+          const SourceStats& st = (*ds)->source_stats()[k];
+          absl::StrAppend(&json, k ? "," : "", "{\"type\":\"", st.type, "\",\"source\":\"", JsonEscape(st.description),
+                          "\",\"entries\":", st.entries, ",\"skipped\":", st.skipped, ",\"missing\":", st.missing,
+                          ",\"duplicates\":", st.duplicates, "}");
+        }
+        absl::StrAppend(&json, "],\"dropped_empty\":", (*ds)->dropped_empty(), ",\"dropped_mismatched\":",
+                        (*ds)->dropped_mismatched());
+      }
+      json += ",\"streams\":[";
       for (size_t s = 0; s < totals.size(); ++s) {
         const StreamConfig& sc = (*ds)->streams()[s];
         absl::StrAppend(&json, s ? "," : "", "{\"name\":\"", sc.name, "\",\"alias\":\"", sc.alias,
@@ -94,15 +114,35 @@ int RunInspect(const InspectArgs& args) {
       continue;
     }
     std::printf("dataset %s\n", dc.name.c_str());
-    std::printf("  deserializer  %s  %s (%s bytes)\n", d.type.c_str(), d.file.c_str(),
-                absl::StrFormat("%d", (*ds)->file_bytes()).c_str());
+    if ((*ds)->source_stats().empty()) {
+      std::printf("  deserializer  %s  %s (%s bytes)\n", d.type.c_str(), d.file.c_str(),
+                  absl::StrFormat("%d", (*ds)->file_bytes()).c_str());
+    } else {
+      for (size_t k = 0; k < (*ds)->source_stats().size(); ++k) {
+        const SourceStats& st = (*ds)->source_stats()[k];
+        std::printf("  deserializer  %s  %s%s: %llu entries", st.type.c_str(), st.description.c_str(),
+                    k == 0 && (*ds)->source_stats().size() > 1 ? " (primary)" : "",
+                    static_cast<unsigned long long>(st.entries));
+        if (st.skipped) std::printf(", %llu unreadable skipped", static_cast<unsigned long long>(st.skipped));
+        if (k > 0) std::printf(", %llu keys of the primary missing", static_cast<unsigned long long>(st.missing));
+        if (st.duplicates) std::printf(", %llu repeated keys", static_cast<unsigned long long>(st.duplicates));
+        std::printf("\n");
+      }
+      std::printf("  input         %s bytes\n", absl::StrFormat("%d", (*ds)->file_bytes()).c_str());
+      if ((*ds)->dropped_empty() || (*ds)->dropped_mismatched()) {
+        std::printf("  not delivered %llu sequences with no samples, %llu with streams of different lengths (frame mode)\n",
+                    static_cast<unsigned long long>((*ds)->dropped_empty()),
+                    static_cast<unsigned long long>((*ds)->dropped_mismatched()));
+      }
+    }
     std::printf("  precision     %s   randomize %s   frameMode %s   maxErrors %llu\n",
                 dc.precision == Precision::kFloat ? "float" : "double", dc.randomize ? "true" : "false",
                 dc.frame_mode ? "true" : "false", static_cast<unsigned long long>(dc.EffectiveMaxErrors()));
     std::printf("  chunks        %zu (chunkSizeInBytes %llu)\n", index.chunks.size(),
                 static_cast<unsigned long long>(d.chunk_size_in_bytes));
     std::printf("  sequences     %zu%s\n", index.sequences.size(),
-                index.keys_are_line_numbers ? " (keyed by line number)" : " (keyed by sequence id)");
+                !index.names.empty() ? " (keyed by utterance id)"
+                : index.keys_are_line_numbers ? " (keyed by line number)" : " (keyed by sequence id)");
     std::printf("  samples       %llu\n", static_cast<unsigned long long>(index.total_samples));
     std::printf("  streams\n");
     for (size_t s = 0; s < totals.size(); ++s) {

@@ -113,7 +113,7 @@ absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t 
   const StreamLayout& L = plan.streams[s];
   const bool fits = view == View::kDense ? L.dense_values() : (view == View::kCsc ? L.csc() : L.csr());
   if (!fits) {
-    const char* delivered = L.dense_values() ? "dense" : (L.csr() ? "CSR" : (L.csc() ? "CSC" : StreamFormatName(L.format)));
+    const char* delivered = L.ids() ? "ids" : L.dense_values() ? "dense" : (L.csr() ? "CSR" : (L.csc() ? "CSC" : StreamFormatName(L.format)));
     const char* asked = view == View::kDense ? "dense" : (view == View::kCsc ? "CSC" : "CSR");
     return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' was delivered as ", delivered,
                                                    ", not ", asked, " (choose with the subscription's layouts)"));
@@ -172,6 +172,18 @@ absl::StatusOr<CsrView<T>> ReceivedBatch::Csr(size_t s) const {
   v.rowptr64 = L.rowptr.dtype == DType::kInt64;
   v.colind = reinterpret_cast<const int32_t*>(data_ + L.colind.offset);
   FillCompressed<T>(plan_, L, data_, &v);
+  return v;
+}
+
+absl::StatusOr<IdsView> ReceivedBatch::Ids(size_t s) const {
+  if (s >= plan_.streams.size()) return absl::InvalidArgumentError("no such stream");
+  const StreamLayout& L = plan_.streams[s];
+  if (!L.ids()) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' is ", StreamFormatName(L.format), ", not ids"));
+  IdsView v;
+  v.data = reinterpret_cast<const int32_t*>(data_ + L.values.offset);
+  v.rows = plan_.shape.rows;
+  v.steps = L.sequence_axis ? L.max_length : 1;
+  v.lengths = L.lengths.present() ? reinterpret_cast<const int32_t*>(data_ + L.lengths.offset) : nullptr;
   return v;
 }
 

@@ -44,6 +44,14 @@ struct DenseView {
   const T* at(uint64_t row, uint64_t t) const { return data + (row * steps + t) * dim; }
 };
 
+// An ids stream (int32 labels, one a sample).
+struct IdsView {
+  const int32_t* data = nullptr;  // [rows][T] (or [rows] in frame mode)
+  uint64_t rows = 0, steps = 1;
+  const int32_t* lengths = nullptr;  // [rows], or nullptr in frame mode
+  const int32_t* at(uint64_t row) const { return data + row * steps; }
+};
+
 template <typename T>
 struct CscView {
   const void* colptr = nullptr;  // int32 or int64, [columns + 1]
@@ -92,6 +100,8 @@ class ReceivedBatch {
   absl::StatusOr<CscView<T>> Csc(size_t stream) const;
   template <typename T>
   absl::StatusOr<CsrView<T>> Csr(size_t stream) const;
+  // An ids stream (`format: ids`). Errors: InvalidArgument for another kind of stream.
+  absl::StatusOr<IdsView> Ids(size_t stream) const;
 
  private:
   friend class Subscription;

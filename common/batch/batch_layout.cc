@@ -108,6 +108,7 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     if (p.row >= n) return absl::InternalError("piece row outside the batch");
     PlacedPiece& pp = plan.pieces[i];
     pp.key = p.chunk->keys[p.slot];
+    if (!p.chunk->names.empty()) pp.name = p.chunk->names[p.slot];
     pp.frame = p.frame;
     pp.row = p.row;
     pp.t0 = p.t0;
@@ -171,7 +172,10 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     if (L.sequence_axis) Place(&L.lengths, DType::kInt32, {n}, &cursor);
     const uint64_t cols = L.sequence_axis ? n * T : n;
     const DType ptr_type = L.nnz > static_cast<uint64_t>(INT32_MAX) ? DType::kInt64 : DType::kInt32;
-    if (L.dense_values()) {
+    if (L.ids()) {
+      if (L.sequence_axis) Place(&L.values, DType::kInt32, {n, T}, &cursor);
+      else Place(&L.values, DType::kInt32, {n}, &cursor);
+    } else if (L.dense_values()) {
       const unsigned __int128 want = static_cast<unsigned __int128>(cols) * L.dim * DTypeSize(value_type);
       if (want > kMaxBatchBytes) {
         return absl::ResourceExhaustedError(absl::StrCat(

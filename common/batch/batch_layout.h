@@ -5,6 +5,8 @@
 //   sparse, frame mode:    colptr[N+1], rowind[nnz] (int32), values[nnz]
 //   sparse, sequence mode: lengths[N], colptr[N*T+1], rowind[nnz], values[nnz]
 //                          (column n*T+t is step t of row n; padded steps are empty)
+//   ids,    frame mode:    values[N] (int32: one id a sample)
+//   ids,    sequence mode: lengths[N], values[N][T] (int32, padding zeroed)
 // Truncated BPTT adds, before the streams, mask[N][T] (uint8: 1 valid step, 0 gap) and
 // flags[N][T] (uint8: bit 0 a sequence begins at this step, bit 1 one ends there); every
 // stream then has T = the truncation length.
@@ -63,6 +65,7 @@ struct StreamLayout {
   bool dense_values() const { return format == StreamFormat::kDense || layout == OutputLayout::kDense; }
   bool csr() const { return format == StreamFormat::kSparse && layout == OutputLayout::kCsr; }
   bool csc() const { return format == StreamFormat::kSparse && !dense_values() && !csr(); }
+  bool ids() const { return format == StreamFormat::kIds; }
   uint64_t columns(uint64_t rows) const { return rows * (sequence_axis ? max_length : 1); }
 };
 
@@ -90,6 +93,7 @@ struct BatchShape {
 // Where each piece landed, for readers of the batch (dump, clients).
 struct PlacedPiece {
   uint64_t key = 0;
+  std::string name;  // string-keyed formats (Kaldi, HTK): the key as written; else empty
   int64_t frame = -1;
   uint32_t row = 0, t0 = 0, sample_begin = 0;
   bool truncated = false;

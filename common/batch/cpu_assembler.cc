@@ -68,6 +68,17 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
     }
   }
+  if (L.ids()) {
+    auto* out = reinterpret_cast<int32_t*>(dst + L.values.offset);
+    std::memset(out, 0, L.values.bytes);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PieceRef& p = pieces[i];
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      std::memcpy(out + p.row * T_len + p.t0, p.chunk->streams[s].indices.data() + b, c * sizeof(int32_t));
+    }
+    return;
+  }
   if (L.dense_values()) {
     T* out = reinterpret_cast<T*>(dst + L.values.offset);
     const uint64_t row_values = L.dim;

@@ -69,6 +69,15 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
                   const Columns* csr, std::string* out) {
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
   const T* values = reinterpret_cast<const T*>(base + L.values.offset);
+  if (L.ids()) {
+    out->append("{\"ids\":[");
+    for (uint64_t t = 0; t < count; ++t) {
+      if (t) out->push_back(',');
+      absl::StrAppend(out, "[", Load<int32_t>(base + L.values.offset + ((p.row * T_len + p.t0 + t) * 4)), "]");
+    }
+    out->append("]}");
+    return;
+  }
   if (L.dense_values()) {
     out->append("{\"dense\":[");
     for (uint64_t t = 0; t < count; ++t) {
@@ -114,6 +123,20 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
 }
 }  // namespace
 
+void AppendJsonStringBody(const std::string& s, std::string* out) {
+  for (char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(ch);
+    } else if (c < 0x20) {
+      absl::StrAppend(out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out->push_back(ch);
+    }
+  }
+}
+
 void AppendNumber(float v, std::string* out) { AppendReal(v, 9, out); }
 void AppendNumber(double v, std::string* out) { AppendReal(v, 17, out); }
 
@@ -140,7 +163,12 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
   }
   for (size_t n = 0; n < order.size(); ++n) {
     const PlacedPiece& p = plan.pieces[order[n]];
-    absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"", p.key);
+    absl::StrAppend(out, "{\"epoch\":", epoch, ",\"batch\":", batch, ",\"key\":\"");
+    if (p.name.empty()) {
+      absl::StrAppend(out, p.key);
+    } else {
+      AppendJsonStringBody(p.name, out);
+    }
     if (p.frame >= 0) absl::StrAppend(out, "/", p.frame);
     out->append("\"");
     if (p.truncated) absl::StrAppend(out, ",\"slot\":", p.row, ",\"offset\":", p.sample_begin);

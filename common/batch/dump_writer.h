@@ -25,6 +25,8 @@ void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
                 absl::Span<const std::byte> bytes, const std::string& cursor, std::string* out);
 
 // Appends `v` as the dump prints it.
+// Appends `s` escaped for the inside of a JSON string.
+void AppendJsonStringBody(const std::string& s, std::string* out);
 void AppendNumber(float v, std::string* out);
 void AppendNumber(double v, std::string* out);
 

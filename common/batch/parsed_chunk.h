@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/config/dataset_config.h"
@@ -46,6 +47,7 @@ struct ParsedChunk {
   Precision precision = Precision::kFloat;
   std::vector<ParsedStream> streams;  // in the dataset's stream order
   std::vector<uint64_t> keys;         // per parsed sequence
+  std::vector<std::string> names;     // per parsed sequence, for string-keyed formats; else empty
   std::vector<uint32_t> lengths;      // per parsed sequence: samples for minibatch counting
   std::vector<int32_t> slot_of;       // per index sequence of the chunk: parsed slot or -1
 

@@ -106,10 +106,11 @@ class Converter {
           RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "' (expected alias, dim, format, definesMBSize)")));
         }
       }
-      const bool binary = d->type == "CNTKBinary";  // the file describes its streams
-      if (binary && sc.format == StreamFormat::kIds)
+      const bool binary = d->type == "CNTKBinary" || d->type == "KaldiTable";  // the data describes its streams
+      if (d->type == "CNTKBinary" && sc.format == StreamFormat::kIds)
         return Error(s, absl::StrCat("input '", name, "': format 'ids' is not available for CNTKBinary"));
       sc.format_given = have_format;
+      sc.dim_given = have_dim;
       if (!have_format && !binary) return Error(s, absl::StrCat("input '", name, "' needs 'format: dense' or 'format: sparse'"));
       if (!have_dim && sc.format != StreamFormat::kIds && !binary)
         return Error(s, absl::StrCat("input '", name, "' needs 'dim'"));
@@ -149,6 +150,8 @@ class Converter {
     } else if (key == "tracelevel" || key == "verbosity") {
       ASSIGN_OR_RETURN(uint64_t t, UInt(v, k, 0, 2));
       ds->trace_level = static_cast<int>(t);
+    } else if (key == "allowpipes") {
+      ASSIGN_OR_RETURN(ds->allow_pipes, Bool(v, k));
     } else if (key == "keepdatainmemory") {
       ASSIGN_OR_RETURN(ds->keep_data_in_memory, Bool(v, k));
     } else if (key == "cacheindex") {
@@ -184,11 +187,13 @@ class Converter {
         d->type = "CNTKTextFormat";
       } else if (lt == "cntkbinary" || lt == "cntkbinaryreader" || lt == "cntkbinaryformatdeserializer") {
         d->type = "CNTKBinary";
-      } else if (lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" || lt == "kalditable" ||
+      } else if (lt == "kalditable") {
+        d->type = "KaldiTable";
+      } else if (lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" ||
                  lt == "htkfeaturedeserializer" || lt == "htkmlfdeserializer") {
         return absl::UnimplementedError(absl::StrCat(
             source_, ":", v.line, ":", v.column, ": deserializer type '", t,
-            "' is not supported by this build yet; CNTKTextFormat and CNTKBinary are"));
+            "' is not supported by this build yet; CNTKTextFormat, CNTKBinary and KaldiTable are"));
       } else {
         return Error(v, absl::StrCat("unknown deserializer type '", t, "' (expected CNTKTextFormat, CNTKBinary, HTKFeature, HTKMLF or KaldiTable)"));
       }
@@ -197,6 +202,17 @@ class Converter {
       d->file = JoinPath(base_dir_, f);
     } else if (key == "input") {
       RETURN_IF_ERROR(Streams(v, d));
+    } else if (key == "rspecifier") {
+      ASSIGN_OR_RETURN(d->rspecifier, String(v, k));
+    } else if (key == "kind") {
+      const std::string kind = Lower(v.scalar);
+      if (kind == "matrix") d->kaldi_kind = KaldiKind::kMatrix;
+      else if (kind == "vector") d->kaldi_kind = KaldiKind::kVector;
+      else if (kind == "int32-vector" || kind == "int32vector" || kind == "alignment") d->kaldi_kind = KaldiKind::kInt32Vector;
+      else return Error(v, absl::StrCat("expected kind matrix, vector or int32-vector, found '", v.scalar, "'"));
+    } else if (key == "allowpipes") {
+      ASSIGN_OR_RETURN(bool b, Bool(v, k));
+      d->allow_pipes = b;
     } else if (key == "skipsequenceids") {
       ASSIGN_OR_RETURN(d->skip_sequence_ids, Bool(v, k));
     } else if (key == "chunksizeinbytes") {
@@ -216,8 +232,31 @@ class Converter {
 
   absl::Status FinishDeserializer(const ConfigNode& at, DeserializerConfig* d) {
     if (d->type.empty()) d->type = "CNTKTextFormat";
+    d->base_dir = base_dir_;
+    if (d->type == "KaldiTable") return FinishKaldi(at, d);
+    if (!d->rspecifier.empty()) return Error(at, "'rspecifier' belongs to a KaldiTable deserializer (type: KaldiTable)");
     if (d->file.empty()) return Error(at, "the deserializer needs 'file'");
     if (d->streams.empty() && d->type != "CNTKBinary") return Error(at, "the deserializer needs 'input' with at least one stream");
+    return absl::OkStatus();
+  }
+
+  absl::Status FinishKaldi(const ConfigNode& at, DeserializerConfig* d) {
+    if (!d->file.empty()) return Error(at, "a KaldiTable is named by 'rspecifier' (e.g. \"scp:feats.scp\"), not 'file'");
+    if (d->rspecifier.empty()) return Error(at, "the KaldiTable deserializer needs 'rspecifier', e.g. \"scp:feats.scp\" or \"ark:ali.ark\"");
+    if (d->streams.size() != 1) return Error(at, "a KaldiTable deserializer delivers exactly one stream: give 'input' one entry");
+    StreamConfig& sc = d->streams[0];
+    if (d->kaldi_kind == KaldiKind::kInt32Vector) {
+      if (!sc.format_given) sc.format = StreamFormat::kIds;
+      if (sc.format == StreamFormat::kDense)
+        return Error(at, absl::StrCat("input '", sc.name, "': int32 vectors are delivered as 'format: ids' or 'format: sparse' (one-hot) with 'dim'"));
+      if (sc.format == StreamFormat::kSparse && !sc.dim_given)
+        return Error(at, absl::StrCat("input '", sc.name, "': one-hot labels need 'dim' (the number of classes)"));
+    } else {
+      if (sc.format_given && sc.format != StreamFormat::kDense)
+        return Error(at, absl::StrCat("input '", sc.name, "': Kaldi matrices and vectors are dense (format: dense)"));
+      sc.format = StreamFormat::kDense;
+    }
+    sc.format_given = true;
     return absl::OkStatus();
   }
 

@@ -22,13 +22,24 @@ struct StreamConfig {
   StreamFormat format = StreamFormat::kDense;
   uint64_t dim = 0;   // dense: values per sample; sparse: bound on indices
   bool defines_mb_size = false;
+  bool dim_given = true;     // KaldiTable: dim 0 means "take it from the data"
   bool format_given = true;  // CNTKBinary: format/dim may be left to the file (false, dim 0)
 };
 
-// One deserializer of a dataset. Only CNTKTextFormat is implemented by this build.
+// What a KaldiTable holds: matrices (a sample per row), vectors (one sample), or int32
+// vectors (alignments: a sample per element).
+enum class KaldiKind { kMatrix, kVector, kInt32Vector };
+
+// One deserializer of a dataset.
 struct DeserializerConfig {
-  std::string type;  // canonical: "CNTKTextFormat" or "CNTKBinary"
+  std::string type;  // canonical: "CNTKTextFormat", "CNTKBinary" or "KaldiTable"
   std::string file;  // absolute or relative to the working directory, already resolved
+  // KaldiTable: the rspecifier as written (its file resolved later against base_dir, as are
+  // relative paths inside scp files), what the table holds, whether `cmd |` may run.
+  std::string rspecifier;
+  KaldiKind kaldi_kind = KaldiKind::kMatrix;
+  std::optional<bool> allow_pipes;
+  std::string base_dir;  // the configuration file's directory
   bool skip_sequence_ids = false;
   uint64_t chunk_size_in_bytes = 32ull << 20;
   std::optional<uint64_t> max_errors;  // overrides the dataset's value when set
@@ -52,6 +63,7 @@ struct DatasetConfig {
   Precision precision = Precision::kFloat;
   std::optional<uint64_t> epoch_size;  // samples; unset: one sweep
   bool full_minibatches = false;       // minibatchMode: full (default partial)
+  bool allow_pipes = false;            // Kaldi `cmd |` rxfilenames (a deserializer may override)
   std::vector<DeserializerConfig> deserializers;
 
   // Effective error budget and verbosity (a deserializer may override the dataset's).

@@ -1,12 +1,20 @@
 #include "common/dataset/dataset.h"
 
+#include <unordered_map>
+
 #include "absl/strings/str_cat.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_indexer.h"
+#include "common/formats/kaldi/kaldi_source.h"
 #include "common/index/index_cache.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
+namespace {
+
+bool IsKeyed(const std::string& type) { return type == "KaldiTable"; }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetConfig& config,
                                                        const DatasetOpenOptions& options) {
@@ -19,18 +27,23 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   if (config_.deserializers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("dataset '", config_.name, "' has no deserializer"));
   }
+  diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
+  budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
+  bool keyed = false;
+  for (const DeserializerConfig& d : config_.deserializers) keyed = keyed || IsKeyed(d.type);
+  if (keyed) return InitKeyed(options);
   if (config_.deserializers.size() > 1) {
     return absl::UnimplementedError(absl::StrCat(
         "dataset '", config_.name, "' combines ", config_.deserializers.size(),
-        " deserializers; composite datasets are not supported by this build yet"));
+        " CNTKTextFormat/CNTKBinary deserializers; composite datasets join KaldiTable deserializers by key "
+        "(a CTF or CBF file holds all its streams itself)"));
   }
   const DeserializerConfig& d = config_.deserializers[0];
   if (d.type != "CNTKTextFormat" && d.type != "CNTKBinary") {
     return absl::UnimplementedError(absl::StrCat("deserializer type '", d.type, "' is not supported by this build"));
   }
   streams_ = d.streams;
-  diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
-  budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
+  path_ = d.file;
   ASSIGN_OR_RETURN(file_, MappedFile::Open(d.file));
   if (d.type == "CNTKBinary") return InitCbf(options);
 
@@ -151,8 +164,150 @@ absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
+  const size_t ns = config_.deserializers.size();
+  for (size_t s = 0; s < ns; ++s) {
+    const DeserializerConfig& d = config_.deserializers[s];
+    if (!IsKeyed(d.type)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "dataset '", config_.name, "': a ", d.type, " deserializer cannot be joined by key with ",
+          "KaldiTable deserializers (composites join keyed formats: KaldiTable)"));
+    }
+    std::function<void(uint64_t, uint64_t)> progress;
+    if (options.progress) progress = options.progress;
+    ASSIGN_OR_RETURN(std::unique_ptr<KeyedSource> src,
+                     OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), progress));
+    stream_base_.push_back(streams_.size());
+    for (const StreamConfig& sc : src->streams()) streams_.push_back(sc);
+    SourceStats st;
+    st.type = d.type;
+    st.description = src->description();
+    st.entries = src->size();
+    st.skipped = src->skipped();
+    source_stats_.push_back(st);
+    keyed_.push_back(std::move(src));
+  }
+  path_ = keyed_[0]->description();
+  // Secondary sources by key (the first of repeated keys).
+  std::vector<std::unordered_map<std::string_view, uint32_t>> by_key(ns);
+  for (size_t s = 1; s < ns; ++s) {
+    by_key[s].reserve(keyed_[s]->size());
+    for (size_t j = 0; j < keyed_[s]->size(); ++j) {
+      if (!by_key[s].emplace(keyed_[s]->key(j), static_cast<uint32_t>(j)).second) {
+        ++source_stats_[s].duplicates;
+        diagnostics_->Report(Severity::kWarning, "repeated key",
+                             absl::StrCat(keyed_[s]->description(), ": key '", keyed_[s]->key(j),
+                                          "' appears again; its first entry is used"));
+      }
+    }
+  }
+  int main_stream = -1;
+  for (size_t k = 0; k < streams_.size(); ++k)
+    if (streams_[k].defines_mb_size) main_stream = static_cast<int>(k);
+  std::vector<uint32_t> row(ns);
+  uint64_t offset = 0;
+  for (size_t i = 0; i < keyed_[0]->size(); ++i) {
+    const std::string& key = keyed_[0]->key(i);
+    row[0] = static_cast<uint32_t>(i);
+    bool missing = false;
+    for (size_t s = 1; s < ns && !missing; ++s) {
+      auto it = by_key[s].find(key);
+      if (it == by_key[s].end()) {
+        missing = true;
+        ++source_stats_[s].missing;
+        diagnostics_->Report(Severity::kWarning, "missing key",
+                             absl::StrCat(keyed_[s]->description(), " has no entry '", key, "' of ",
+                                          keyed_[0]->description(), "; sequence skipped"));
+      } else {
+        row[s] = it->second;
+      }
+    }
+    if (missing) continue;
+    uint32_t longest = 0, shortest = UINT32_MAX, main = 0;
+    uint64_t bytes = 0;
+    for (size_t s = 0; s < ns; ++s) {
+      for (size_t k = 0; k < keyed_[s]->streams().size(); ++k) {
+        const uint32_t n = keyed_[s]->samples(row[s], k);
+        longest = std::max(longest, n);
+        shortest = std::min(shortest, n);
+        if (static_cast<int>(stream_base_[s] + k) == main_stream) main = n;
+      }
+      bytes += keyed_[s]->bytes(row[s]);
+    }
+    if (longest == 0) {
+      ++dropped_empty_;
+      continue;
+    }
+    if (config_.frame_mode && shortest != longest) {
+      // Frames pair samples of every stream: counts must agree (as CNTK's readers require).
+      ++dropped_mismatched_;
+      diagnostics_->Report(Severity::kWarning, "frame count mismatch",
+                           absl::StrCat("sequence '", key, "' has streams of ", shortest, " and ", longest,
+                                        " samples; frame mode needs equal counts; sequence skipped"));
+      continue;
+    }
+    SequenceEntry e;
+    e.key = index_.sequences.size();
+    e.offset = offset;
+    e.line = i;
+    e.size = static_cast<uint32_t>(std::min<uint64_t>(bytes, UINT32_MAX));
+    e.num_samples = main_stream >= 0 ? main : longest;
+    offset += e.size;
+    index_.sequences.push_back(e);
+    index_.names.push_back(key);
+    joined_.insert(joined_.end(), row.begin(), row.end());
+  }
+  index_.file_size = offset;
+  index_.BuildChunks(config_.deserializers[0].chunk_size_in_bytes);
+  index_.ComputeContentHash();
+  diagnostics_->Flush();
+  return absl::OkStatus();
+}
+
+uint64_t Dataset::file_bytes() const {
+  uint64_t n = 0;
+  for (std::string_view v : inputs()) n += v.size();
+  return n;
+}
+
+std::vector<std::string_view> Dataset::inputs() const {
+  if (file_) return {file_->bytes()};
+  std::vector<std::string_view> out;
+  for (const auto& s : keyed_) {
+    for (std::string_view v : s->inputs()) out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t chunk_id) const {
+  const ChunkEntry& ce = index_.chunks[chunk_id];
+  auto out = std::make_unique<ParsedChunk>();
+  out->chunk_id = chunk_id;
+  out->precision = config_.precision;
+  out->streams.resize(streams_.size());
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    out->streams[k].format = streams_[k].format;
+    out->streams[k].dim = static_cast<uint32_t>(streams_[k].dim);
+  }
+  std::vector<ParsedStream*> targets(streams_.size());
+  for (size_t k = 0; k < streams_.size(); ++k) targets[k] = &out->streams[k];
+  const size_t ns = keyed_.size();
+  for (uint64_t j = 0; j < ce.num_sequences; ++j) {
+    const uint64_t i = ce.first_sequence + j;
+    for (size_t s = 0; s < ns; ++s) {
+      RETURN_IF_ERROR(keyed_[s]->Decode(joined_[i * ns + s], config_.precision, targets.data() + stream_base_[s]));
+    }
+    out->slot_of.push_back(static_cast<int32_t>(j));
+    out->keys.push_back(index_.sequences[i].key);
+    out->names.push_back(index_.names[i]);
+    out->lengths.push_back(index_.sequences[i].num_samples);
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_id) const {
   parses_.fetch_add(1);
+  if (!keyed_.empty()) return ParseKeyedChunk(chunk_id);
   if (cbf_) return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, config_.precision, path());
   return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
 }
@@ -193,10 +348,17 @@ uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {
 
 void Dataset::WillNeed(uint64_t chunk_id) const {
   const ChunkEntry& c = index_.chunks[chunk_id];
+  if (!keyed_.empty()) {
+    const size_t ns = keyed_.size();
+    for (uint64_t i = c.first_sequence; i < c.first_sequence + c.num_sequences; ++i)
+      for (size_t s = 0; s < ns; ++s) keyed_[s]->WillNeed(joined_[i * ns + s]);
+    return;
+  }
   file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset);
 }
 
 void Dataset::DoneWith(uint64_t chunk_id) const {
+  if (!keyed_.empty()) return;  // several files, shared pages: left to the kernel
   const ChunkEntry& c = index_.chunks[chunk_id];
   file_->DontNeed(c.begin_offset, c.end_offset - c.begin_offset);
 }

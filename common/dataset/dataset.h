@@ -20,6 +20,7 @@
 #include "common/error_budget.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_parser.h"
+#include "common/formats/keyed_source.h"
 #include "common/index/index.h"
 #include "common/log.h"
 #include "common/mapped_file.h"
@@ -38,6 +39,15 @@ struct DatasetOpenOptions {
 // How the index was obtained, for `conveyor index` / `inspect` to report.
 enum class IndexSource { kBuilt, kCache, kRebuiltStaleCache, kRebuiltBadCache };
 
+// Per deserializer of a keyed (Kaldi, HTK) dataset: what joining by key kept and dropped.
+struct SourceStats {
+  std::string type, description;
+  uint64_t entries = 0;     // readable entries (sequences) it has
+  uint64_t skipped = 0;     // unreadable entries dropped while opening (maxErrors, Kaldi `p`)
+  uint64_t missing = 0;     // keys of the primary deserializer this one lacks (secondaries)
+  uint64_t duplicates = 0;  // repeated keys (secondaries: the first one is used)
+};
+
 class Dataset {
  public:
   // Opens `config`. Errors: NotFound (data file), InvalidArgument (config, UTF-16 file),
@@ -49,9 +59,17 @@ class Dataset {
   const DatasetConfig& config() const { return config_; }
   const Index& index() const { return index_; }
   const std::vector<StreamConfig>& streams() const { return streams_; }
-  const std::string& path() const { return file_->path(); }
-  uint64_t file_bytes() const { return file_->bytes().size(); }
-  std::string_view bytes() const { return file_->bytes(); }
+  // The data file (CTF, CBF) or the primary deserializer's description (keyed formats).
+  const std::string& path() const { return path_; }
+  // Bytes of all its input files.
+  uint64_t file_bytes() const;
+  // Every input's bytes (the mapped file; a keyed dataset's files and pipe outputs).
+  std::vector<std::string_view> inputs() const;
+  std::string_view bytes() const { return file_ ? file_->bytes() : std::string_view(); }
+  // Keyed datasets: per-deserializer counts, and sequences dropped by the join.
+  const std::vector<SourceStats>& source_stats() const { return source_stats_; }
+  uint64_t dropped_mismatched() const { return dropped_mismatched_; }  // frame counts differ
+  uint64_t dropped_empty() const { return dropped_empty_; }            // no samples at all
   IndexSource index_source() const { return index_source_; }
   const std::string& index_cache_path() const { return cache_path_; }
   Diagnostics& diagnostics() const { return *diagnostics_; }
@@ -83,10 +101,20 @@ class Dataset {
   Dataset(DatasetConfig config) : config_(std::move(config)) {}
   absl::Status Init(const DatasetOpenOptions& options);
   absl::Status InitCbf(const DatasetOpenOptions& options);
+  absl::Status InitKeyed(const DatasetOpenOptions& options);
+  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseKeyedChunk(uint64_t chunk_id) const;
 
   const DatasetConfig config_;
   std::vector<StreamConfig> streams_;
+  std::string path_;
   std::unique_ptr<MappedFile> file_;
+  // Keyed datasets: the sources, and per joined sequence the entry of each source
+  // (joined_[i * keyed_.size() + s]); stream_base_[s]: the first stream of source s.
+  std::vector<std::unique_ptr<KeyedSource>> keyed_;
+  std::vector<uint32_t> joined_;
+  std::vector<size_t> stream_base_;
+  std::vector<SourceStats> source_stats_;
+  uint64_t dropped_mismatched_ = 0, dropped_empty_ = 0;
   Index index_;
   IndexSource index_source_ = IndexSource::kBuilt;
   std::string cache_path_;

@@ -31,6 +31,7 @@ void Index::BuildChunks(uint64_t chunk_size) {
 
 void Index::ComputeContentHash() {
   content_hash = Hash64(sequences.data(), sequences.size() * sizeof(SequenceEntry));
+  for (const std::string& n : names) content_hash = Hash64(n.data(), n.size(), content_hash);
 }
 
 }  // namespace conveyor

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string>
 #include <vector>
 
 namespace conveyor {
@@ -48,6 +49,8 @@ struct IndexErrors {
 
 struct Index {
   bool keys_are_line_numbers = false;  // no ids in the file (or skipSequenceIds)
+  // Formats keyed by strings (Kaldi, HTK): sequence i is called names[i] (and its `key` is i).
+  std::vector<std::string> names;
   std::vector<SequenceEntry> sequences;
   std::vector<ChunkEntry> chunks;
   uint64_t total_samples = 0;

@@ -21,9 +21,9 @@ CONVEYOR = os.path.join(BUILD, "client", "conveyor")
 CONVEYORD = os.path.join(BUILD, "server", "conveyord")
 
 
-def start_daemon(tmp):
+def start_daemon(tmp, config=EXAMPLES):
     port_file = os.path.join(tmp, "port")
-    proc = subprocess.Popen([CONVEYORD, EXAMPLES, "--listen", "127.0.0.1:0", "--port-file", port_file,
+    proc = subprocess.Popen([CONVEYORD, config, "--listen", "127.0.0.1:0", "--port-file", port_file,
                              "--unix", os.path.join(tmp, "d.sock")], stderr=subprocess.PIPE)
     for _ in range(200):
         if os.path.exists(port_file):
@@ -181,6 +181,77 @@ class ClientTest(unittest.TestCase):
             self.assertIn("applies to sparse streams only", str(refused.exception))
         finally:
             client.close()
+
+
+KALDI = os.path.join(SOURCE, "..", "shared", "testdata", "kaldi")
+
+
+def read_gt(name):
+    """Kaldi's own decoding (testdata/kaldi/gt): key -> float32 matrix or int32 vector."""
+    out = {}
+    with open(os.path.join(KALDI, "gt", name)) as f:
+        lines = f.readlines()
+    for line in lines:
+        if line.startswith("#"):
+            continue
+        f = line.split()
+        if f[1] == "iv":
+            out[f[0]] = np.array([int(v) for v in f[3:]], dtype=np.int32)
+        else:
+            rows, cols = int(f[2]), int(f[3])
+            out[f[0]] = np.array([float(v) for v in f[4:]], dtype=np.float32).reshape(rows, cols)
+    return out
+
+
+class KaldiTest(unittest.TestCase):
+    """Kaldi features joined with alignments, served by a daemon: utterance ids as keys, dense
+    features and int32 ids exactly as Kaldi decodes them, over TCP and shared memory."""
+
+    def test_features_and_alignments(self):
+        feats, ali = read_gt("feats.gt"), read_gt("ali.gt")
+        with tempfile.TemporaryDirectory() as tmp:
+            config = os.path.join(tmp, "kaldi.yaml")
+            with open(config, "w") as f:
+                f.write(f"""datasets:
+  speech:
+    randomize: false
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "scp:{KALDI}/feats.scp"
+        input: {{features: {{dim: 40}}}}
+      - type: KaldiTable
+        rspecifier: "ark:{KALDI}/ali.ark"
+        kind: int32-vector
+        input: {{labels: {{format: ids}}}}
+""")
+            proc, address = start_daemon(tmp, config)
+            try:
+                client = conveyor.Client(address)
+                unix = conveyor.Client("unix:" + os.path.join(tmp, "d.sock"))
+                for transport in ("inline", "shm"):
+                    seen = []
+                    c = unix if transport == "shm" else client
+                    for batch in c.subscribe("speech", minibatch_size=700, transport=transport):
+                        self.assertEqual(batch.layout("labels"), "ids")
+                        x, y = batch.dense("features"), batch.ids("labels")
+                        lx, ly = batch.lengths("features"), batch.lengths("labels")
+                        self.assertEqual(y.dtype, np.int32)
+                        for row, key in enumerate(batch.keys()):
+                            np.testing.assert_array_equal(x[row, :lx[row]], feats[key])
+                            np.testing.assert_array_equal(y[row, :ly[row]], ali[key])
+                            self.assertTrue((y[row, ly[row]:] == 0).all())
+                            seen.append(key)
+                    self.assertEqual(seen, list(feats))
+                import conveyor.torch as ct
+                ds = ct.ConveyorDataset(address, "speech", minibatch_size=700)
+                first = next(iter(ds))
+                self.assertEqual(first["labels"].dtype, __import__("torch").int64)
+                client.close()
+                unix.close()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+                proc.stderr.close()
 
 
 class FailoverTest(unittest.TestCase):

@@ -52,7 +52,10 @@ class Batch:
         return list(self._streams)
 
     def keys(self):
-        """The sequence keys, one per piece (row order as the daemon placed them)."""
+        """The sequence keys, one per piece (row order as the daemon placed them): the
+        utterance ids of Kaldi/HTK datasets (strings), the numeric ids of CTF/CBF ones."""
+        if len(self.descriptor.pieces.name):
+            return list(self.descriptor.pieces.name)
         return list(self.descriptor.pieces.key)
 
     def _array(self, ref):
@@ -74,8 +77,10 @@ class Batch:
             raise KeyError(f"no stream {name!r} in this batch (streams: {', '.join(self._streams)})") from None
 
     def layout(self, name):
-        """How the stream was delivered: "dense", "csc" or "csr"."""
+        """How the stream was delivered: "dense", "csc", "csr" or "ids"."""
         s = self._stream(name)
+        if s.format == pb.FORMAT_IDS:
+            return "ids"
         if s.format != pb.FORMAT_SPARSE or s.layout == pb.LAYOUT_DENSE:
             return "dense"
         return "csr" if s.layout == pb.LAYOUT_CSR else "csc"
@@ -87,6 +92,17 @@ class Batch:
         if self.layout(name) != "dense":
             raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
         return self._array(s.values)
+
+    def ids(self, name):
+        """An ids stream (format: ids, e.g. Kaldi alignments): int32 [rows, T] (sequence
+        mode, padding 0: see lengths()) or [rows] (frame mode)."""
+        s = self._stream(name)
+        if s.format != pb.FORMAT_IDS:
+            raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
+        a = self._array(s.values)
+        if a is None or a.dtype != np.int32:
+            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "ids must be int32")
+        return a
 
     def lengths(self, name):
         """int32[rows]: valid steps per row (None in frame mode)."""

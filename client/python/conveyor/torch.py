@@ -84,6 +84,8 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                 for s in batch.descriptor.streams:
                     if s.format == 1:  # FORMAT_SPARSE
                         out[s.name] = _sparse(batch, s.name)
+                    elif s.format == 2:  # FORMAT_IDS: int64, what embedding and loss functions index with
+                        out[s.name] = torch.from_numpy(batch.ids(s.name)).long()
                     else:
                         out[s.name] = torch.from_numpy(batch.dense(s.name))
                     l = batch.lengths(s.name)

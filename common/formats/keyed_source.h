@@ -1,0 +1,41 @@
+// keyed_source.h: a deserializer whose sequences are addressed one by one and named by string
+// keys (Kaldi tables, HTK features, MLF labels). The dataset joins one or several of them by
+// key (composite datasets), chunks the joined sequences and asks each source to decode its
+// part of a sequence into the chunk's columns. Opening a source scans it completely (every
+// length checked), so that Decode cannot meet malformed input.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/batch/parsed_chunk.h"
+#include "common/config/dataset_config.h"
+
+namespace conveyor {
+
+class KeyedSource {
+ public:
+  virtual ~KeyedSource() = default;
+  // Its streams, formats and dims resolved (a dim left to the data is known once open).
+  virtual const std::vector<StreamConfig>& streams() const = 0;
+  virtual size_t size() const = 0;
+  virtual const std::string& key(size_t i) const = 0;
+  // Samples of sequence i in stream k of this source.
+  virtual uint32_t samples(size_t i, size_t k) const = 0;
+  // Bytes of input sequence i occupies (chunking and throughput accounting).
+  virtual uint64_t bytes(size_t i) const = 0;
+  // Appends sequence i to out[k] for every stream k of this source, values in `precision`.
+  virtual absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const = 0;
+  virtual void WillNeed(size_t) const {}
+  // The bytes of every input it reads (files, pipe outputs), for benchmarks' references.
+  virtual std::vector<std::string_view> inputs() const = 0;
+  // What it reads, for messages ("scp:data/feats.scp").
+  virtual std::string description() const = 0;
+  // Entries dropped while opening (unreadable entries within maxErrors or Kaldi's `p`).
+  virtual uint64_t skipped() const { return 0; }
+};
+
+}  // namespace conveyor

@@ -1,0 +1,287 @@
+// KaldiTable datasets through the real loader: the dump of Kaldi features joined with
+// alignments equals one built independently from Kaldi's own decodings (gt/*.gt); keys
+// missing on one side, frame-count mismatches, empty entries, one-hot labels out of range and
+// dims that disagree are skipped and counted, or are errors when maxErrors says so.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/batch/dump_writer.h"
+#include "common/config/config_loader.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+std::string KaldiDir() { return TestdataDir() + "/kaldi"; }
+
+struct GtMatrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<std::string> values;
+};
+
+// key -> values, in file order.
+std::vector<std::pair<std::string, GtMatrix>> ReadGt(const std::string& name) {
+  std::vector<std::pair<std::string, GtMatrix>> out;
+  std::ifstream in(KaldiDir() + "/gt/" + name);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ss(line);
+    std::string key, type;
+    GtMatrix m;
+    ss >> key >> type;
+    if (type == "iv") {
+      ss >> m.cols;
+      m.rows = m.cols;  // one sample per element
+      m.cols = 1;
+    } else {
+      ss >> m.rows >> m.cols;
+    }
+    std::string v;
+    while (ss >> v) m.values.push_back(v);
+    out.emplace_back(key, m);
+  }
+  return out;
+}
+
+std::string Number(const std::string& gt_value) {
+  std::string s;
+  AppendNumber(std::strtof(gt_value.c_str(), nullptr), &s);
+  return s;
+}
+
+absl::StatusOr<DatasetConfig> Config(const TempDir& dir, const std::string& yaml) {
+  const std::string path = dir.Write("conveyor.yaml", yaml);
+  auto config = LoadConfigFile(path);
+  if (!config.ok()) return config.status();
+  return config->datasets[0];
+}
+
+TEST(KaldiDataset, FeaturesJoinedWithAlignmentsDumpAsKaldiReadsThem) {
+  TempDir dir;
+  auto config = Config(dir, absl::StrCat(R"(
+datasets:
+  speech:
+    randomize: false
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "scp:)", KaldiDir(), R"(/feats.scp"
+        input: {features: {dim: 40}}
+      - type: KaldiTable
+        rspecifier: "ark:)", KaldiDir(), R"(/ali.ark"
+        kind: int32-vector
+        input: {labels: {format: ids}}
+)"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  ReadOptions ro;
+  ro.minibatch_size = 1000000;  // one batch: the dump is in file order
+  auto dump = DumpDataset(*config, ro);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  // The expected dump, from Kaldi's own decodings.
+  const auto feats = ReadGt("feats.gt");
+  const auto ali = ReadGt("ali.gt");
+  ASSERT_EQ(feats.size(), 50u);
+  ASSERT_EQ(ali.size(), 50u);
+  std::string want;
+  for (size_t i = 0; i < feats.size(); ++i) {
+    ASSERT_EQ(feats[i].first, ali[i].first);
+    const GtMatrix& f = feats[i].second;
+    const GtMatrix& a = ali[i].second;
+    ASSERT_EQ(f.rows, a.rows) << feats[i].first;
+    absl::StrAppend(&want, "{\"epoch\":0,\"batch\":0,\"key\":\"", feats[i].first, "\",\"streams\":{\"features\":{\"dense\":[");
+    for (int64_t r = 0; r < f.rows; ++r) {
+      want += r ? ",[" : "[";
+      for (int64_t c = 0; c < f.cols; ++c) absl::StrAppend(&want, c ? "," : "", Number(f.values[r * f.cols + c]));
+      want += "]";
+    }
+    want += "]},\"labels\":{\"ids\":[";
+    for (int64_t r = 0; r < a.rows; ++r) absl::StrAppend(&want, r ? "," : "", "[", a.values[r], "]");
+    want += "]}}}\n";
+  }
+  EXPECT_EQ(*dump, want);
+}
+
+TEST(KaldiDataset, CompressedTextDoubleAndRangesThroughTheLoader) {
+  // Every fm case's values arrive in batches exactly as the table decodes them: sum check
+  // over a randomized, multi-batch epoch against gt (order-independent).
+  TempDir dir;
+  for (const char* name : {"cm_auto", "cm_2byte_auto", "cm_1byte_auto", "feats_text", "feats_double_as_float"}) {
+    SCOPED_TRACE(name);
+    const std::string ark = std::string(name) == "feats_double_as_float" ? "feats_double" : name;
+    auto config = Config(dir, absl::StrCat(R"(
+datasets:
+  d:
+    randomize: true
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "ark:)", KaldiDir(), "/", ark, R"(.ark"
+        chunkSizeInBytes: 20000
+        input: {features: {}}
+)"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    ReadOptions ro;
+    ro.minibatch_size = 256;
+    ro.request.seed = 5;
+    auto dump = DumpDataset(*config, ro);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    std::map<std::string, std::string> got;
+    std::istringstream in(*dump);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t k = line.find("\"key\":\"") + 7;
+      const std::string key = line.substr(k, line.find('"', k) - k);
+      const size_t d = line.find("\"dense\":[") + 9;
+      got[key] = line.substr(d, line.rfind("]}}}") - d);
+    }
+    const auto gt = ReadGt(std::string(name) + ".gt");
+    size_t delivered = 0;
+    for (const auto& [key, m] : gt) {
+      if (m.rows == 0) continue;
+      ++delivered;
+      std::string want;
+      for (int64_t r = 0; r < m.rows; ++r) {
+        want += r ? ",[" : "[";
+        for (int64_t c = 0; c < m.cols; ++c) absl::StrAppend(&want, c ? "," : "", Number(m.values[r * m.cols + c]));
+        want += "]";
+      }
+      ASSERT_EQ(got[key], want) << key;
+    }
+    EXPECT_EQ(got.size(), delivered);
+  }
+}
+
+TEST(KaldiDataset, MissingKeysMismatchesAndEmptyEntriesAreSkippedAndCounted) {
+  TempDir dir;
+  // Alignments: utt0001 missing, utt0002 one frame short, the rest from ali.ark as text.
+  const auto ali = ReadGt("ali.gt");
+  std::string text;
+  for (size_t i = 1; i < ali.size(); ++i) {
+    text += ali[i].first + " ";
+    const size_t n = ali[i].second.values.size() - (i == 1 ? 1 : 0);
+    for (size_t k = 0; k < n; ++k) text += ali[i].second.values[k] + " ";
+    text += "\n";
+  }
+  text += "extra-utt 1 2 3 \n";
+  dir.Write("ali.txt.ark", text);
+  // Features: feats_edge.ark has an empty matrix; appended to a copy of feats.scp.
+  for (bool frame_mode : {false, true}) {
+    SCOPED_TRACE(frame_mode);
+    auto config = Config(dir, absl::StrCat(R"(
+datasets:
+  speech:
+    randomize: false
+    frameMode: )", frame_mode ? "true" : "false", R"(
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "scp:)", KaldiDir(), R"(/feats.scp"
+        input: {features: {dim: 40}}
+      - type: KaldiTable
+        rspecifier: "ark,t:ali.txt.ark"
+        kind: int32-vector
+        input: {labels: {format: sparse, dim: 5000}}
+)"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    std::vector<std::string> messages;
+    DatasetOpenOptions oo;
+    oo.diagnostics_sink = [&](Severity, const std::string& m) { messages.push_back(m); };
+    auto ds = Dataset::Open(*config, oo);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    ASSERT_EQ((*ds)->source_stats().size(), 2u);
+    EXPECT_EQ((*ds)->source_stats()[0].entries, 50u);
+    EXPECT_EQ((*ds)->source_stats()[1].entries, 50u);
+    EXPECT_EQ((*ds)->source_stats()[1].missing, 1u);
+    EXPECT_EQ((*ds)->dropped_mismatched(), frame_mode ? 1u : 0u);
+    EXPECT_EQ((*ds)->index().sequences.size(), frame_mode ? 48u : 49u);
+    EXPECT_EQ((*ds)->index().names[0], frame_mode ? "spk01-utt0003" : "spk01-utt0002");
+    bool told = false;
+    for (const std::string& m : messages) told = told || m.find("has no entry 'spk01-utt0001'") != std::string::npos;
+    EXPECT_TRUE(told);
+    // One-hot labels: every sample one entry of value 1 at its label.
+    ReadOptions ro;
+    ro.minibatch_size = 100000;
+    auto dump = DumpDataset(*config, ro);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    const std::string first_label = ali[frame_mode ? 2 : 1].second.values[0];
+    EXPECT_NE(dump->find(absl::StrCat("\"labels\":{\"sparse\":[[[", first_label, ",1]]")), std::string::npos);
+  }
+  // An empty matrix (feats_edge: fe01-empty) is not delivered, and counted.
+  auto edge = Config(dir, absl::StrCat(R"(
+datasets:
+  e:
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "ark:)", KaldiDir(), R"(/feats_edge.ark"
+        input: {x: {}}
+)"));
+  ASSERT_TRUE(edge.ok()) << edge.status();
+  // Dims differ across feats_edge (1, 40, 1000, 1, 8): with no dim the first entry's wins
+  // and the others are errors; maxErrors lets them be skipped.
+  auto strict = Dataset::Open(*edge);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("fe03-1x40"), std::string::npos) << strict.status();
+  edge->max_errors = 10;
+  auto tolerant = Dataset::Open(*edge, DatasetOpenOptions{0, nullptr, [](Severity, const std::string&) {}, std::nullopt});
+  ASSERT_TRUE(tolerant.ok()) << tolerant.status();
+  EXPECT_EQ((*tolerant)->dropped_empty(), 1u);
+  EXPECT_EQ((*tolerant)->source_stats()[0].skipped, 3u);  // 1x40, 3x1000, 2x8 (dim 1 from 1x1)
+  EXPECT_EQ((*tolerant)->index().sequences.size(), 2u);  // fe02-1x1, fe05-tall
+}
+
+TEST(KaldiDataset, LabelsOutsideTheirDimAreErrors) {
+  TempDir dir;
+  dir.Write("a.ark", "u1 0 1 2 \nu2 0 7 1 \nu3 3 \n");
+  auto config = Config(dir, R"(
+datasets:
+  a:
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "ark:a.ark"
+        kind: int32-vector
+        input: {labels: {format: sparse, dim: 5}}
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto strict = Dataset::Open(*config);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("'u2': label 7 at position 1 is outside [0, 5)"), std::string::npos) << strict.status();
+  config->max_errors = 1;
+  auto tolerant = Dataset::Open(*config, DatasetOpenOptions{0, nullptr, [](Severity, const std::string&) {}, std::nullopt});
+  ASSERT_TRUE(tolerant.ok()) << tolerant.status();
+  EXPECT_EQ((*tolerant)->index().names, (std::vector<std::string>{"u1", "u3"}));
+}
+
+TEST(KaldiDataset, ConfigurationIsChecked) {
+  TempDir dir;
+  auto bad = [&](const std::string& body) {
+    auto c = ParseConfig(absl::StrCat("datasets:\n  d:\n    deserializers:\n      - type: KaldiTable\n", body), "c.yaml", dir.path());
+    EXPECT_FALSE(c.ok()) << body;
+    return c.ok() ? std::string() : std::string(c.status().message());
+  };
+  EXPECT_NE(bad("        input: {x: {}}\n").find("needs 'rspecifier'"), std::string::npos);
+  EXPECT_NE(bad("        rspecifier: \"ark:a\"\n        input: {x: {}, y: {}}\n").find("exactly one stream"), std::string::npos);
+  EXPECT_NE(bad("        rspecifier: \"ark:a\"\n        input: {x: {format: sparse, dim: 3}}\n").find("dense"), std::string::npos);
+  EXPECT_NE(bad("        rspecifier: \"ark:a\"\n        kind: int32-vector\n        input: {x: {format: sparse}}\n").find("need 'dim'"),
+            std::string::npos);
+  EXPECT_NE(bad("        rspecifier: \"ark:a\"\n        kind: tensor\n        input: {x: {}}\n").find("expected kind"), std::string::npos);
+  EXPECT_NE(bad("        file: a.ark\n        rspecifier: \"ark:a\"\n        input: {x: {}}\n").find("not 'file'"), std::string::npos);
+  // Pipes are refused unless allowed, and then run.
+  const std::string ark = ReadFile(KaldiDir() + "/feats.ark");
+  dir.Write("feats.ark", ark);
+  const std::string yaml = absl::StrCat("datasets:\n  d:\n    deserializers:\n      - type: KaldiTable\n        rspecifier: \"ark:cat ",
+                                        dir.path(), "/feats.ark |\"\n        input: {x: {dim: 40}}\n");
+  auto c = ParseConfig(yaml, "c.yaml", dir.path());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto refused = Dataset::Open(c->datasets[0]);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("allowPipes: true"), std::string::npos) << refused.status();
+  c->datasets[0].allow_pipes = true;
+  auto piped = Dataset::Open(c->datasets[0]);
+  ASSERT_TRUE(piped.ok()) << piped.status();
+  EXPECT_EQ((*piped)->index().sequences.size(), 50u);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
