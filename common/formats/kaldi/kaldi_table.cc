@@ -233,6 +233,18 @@ absl::StatusOr<std::unique_ptr<KaldiTable>> KaldiTable::Open(const std::string& 
   return t;
 }
 
+absl::StatusOr<std::unique_ptr<KaldiTable>> KaldiTable::OpenArchiveBytes(std::string bytes, const std::string& name,
+                                                                          const TableOptions& options) {
+  std::unique_ptr<KaldiTable> t(new KaldiTable);
+  Source s;
+  s.name = name;
+  s.owned = std::move(bytes);
+  t->sources_.push_back(std::move(s));
+  t->sources_.back().bytes = t->sources_.back().owned;
+  RETURN_IF_ERROR(t->ReadArchive(0, options));
+  return t;
+}
+
 absl::Status KaldiTable::ReadArchive(uint32_t src, const TableOptions& options) {
   const std::string_view bytes = sources_[src].bytes;
   const std::string& name = sources_[src].name;

@@ -68,6 +68,10 @@ class KaldiTable {
   // entries beyond what `tolerate` allows), each naming the file and its line or byte offset.
   static absl::StatusOr<std::unique_ptr<KaldiTable>> Open(const std::string& rspecifier, const TableOptions& options);
 
+  // An archive held in memory (fuzzing, tests): `bytes` is copied; `name` names it in messages.
+  static absl::StatusOr<std::unique_ptr<KaldiTable>> OpenArchiveBytes(std::string bytes, const std::string& name,
+                                                                      const TableOptions& options);
+
   const std::vector<TableEntry>& entries() const { return entries_; }
   const Rspecifier& spec() const { return spec_; }
   std::string_view bytes(uint32_t source) const { return sources_[source].bytes; }
