@@ -366,11 +366,15 @@ void DecodeMatrix(std::string_view bytes, uint64_t pos, const ObjectInfo& info, 
         const float p25 = CompressedPercentileToFloat(info.min_value, info.range, Load<uint16_t>(h + 2));
         const float p75 = CompressedPercentileToFloat(info.min_value, info.range, Load<uint16_t>(h + 4));
         const float p100 = CompressedPercentileToFloat(info.min_value, info.range, Load<uint16_t>(h + 6));
-        // Every byte value of this column decoded once: the same floats, by lookup.
-        for (int v = 0; v < 256; ++v) table[v] = CompressedByteToFloat(p0, p25, p75, p100, static_cast<uint8_t>(v));
         const uint8_t* col = data + c * R + w.row0;
         T* o = out + (c - w.col0);
-        for (int64_t r = 0; r < w.rows; ++r) o[r * w.cols] = static_cast<T>(table[col[r]]);
+        if (w.rows >= 384) {
+          // Long columns: every byte value decoded once, then the same floats by lookup.
+          for (int v = 0; v < 256; ++v) table[v] = CompressedByteToFloat(p0, p25, p75, p100, static_cast<uint8_t>(v));
+          for (int64_t r = 0; r < w.rows; ++r) o[r * w.cols] = static_cast<T>(table[col[r]]);
+        } else {
+          for (int64_t r = 0; r < w.rows; ++r) o[r * w.cols] = static_cast<T>(CompressedByteToFloat(p0, p25, p75, p100, col[r]));
+        }
       }
       return;
     }
