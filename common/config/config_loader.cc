@@ -102,6 +102,33 @@ class Converter {
           have_format = true;
         } else if (key == "definesmbsize") {
           ASSIGN_OR_RETURN(sc.defines_mb_size, Bool(v, k));
+        } else if (key == "scpfile") {
+          ASSIGN_OR_RETURN(std::string f, String(v, k));
+          sc.scp_file = JoinPath(base_dir_, f);
+        } else if (key == "mlffile") {
+          ASSIGN_OR_RETURN(std::string f, String(v, k));
+          sc.mlf_file = JoinPath(base_dir_, f);
+        } else if (key == "labelmappingfile") {
+          ASSIGN_OR_RETURN(std::string f, String(v, k));
+          sc.label_mapping_file = JoinPath(base_dir_, f);
+        } else if (key == "labeldim") {
+          ASSIGN_OR_RETURN(sc.dim, UInt(v, k, 1, kMaxDim));
+          have_dim = true;
+        } else if (key == "frameshift") {
+          ASSIGN_OR_RETURN(sc.frame_shift, UInt(v, k, 1, UINT32_MAX));
+        } else if (key == "contextwindow") {
+          if (v.kind == ConfigNode::Kind::kList && v.list.size() == 2) {
+            ASSIGN_OR_RETURN(uint64_t l, UInt(v.list[0], k, 0, 1000));
+            ASSIGN_OR_RETURN(uint64_t r, UInt(v.list[1], k, 0, 1000));
+            sc.context_left = static_cast<int>(l);
+            sc.context_right = static_cast<int>(r);
+          } else {
+            ASSIGN_OR_RETURN(uint64_t w, UInt(v, k, 1, 2001));
+            if (w % 2 == 0) return Error(v, absl::StrCat("contextWindow ", w, " must be odd (or give [left, right])"));
+            sc.context_left = sc.context_right = static_cast<int>(w / 2);
+          }
+        } else if (key == "type" || key == "labeltype") {
+          // CNTK's "real"/"category": what the deserializer already says.
         } else {
           RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "' (expected alias, dim, format, definesMBSize)")));
         }
@@ -111,6 +138,8 @@ class Converter {
         return Error(s, absl::StrCat("input '", name, "': format 'ids' is not available for CNTKBinary"));
       sc.format_given = have_format;
       sc.dim_given = have_dim;
+      if (d->type == "HTKFeature" && !have_format) sc.format = StreamFormat::kDense, have_format = true;
+      if (d->type == "HTKMLF" && !have_format) sc.format = StreamFormat::kSparse, have_format = true;
       if (!have_format && !binary) return Error(s, absl::StrCat("input '", name, "' needs 'format: dense' or 'format: sparse'"));
       if (!have_dim && sc.format != StreamFormat::kIds && !binary)
         return Error(s, absl::StrCat("input '", name, "' needs 'dim'"));
@@ -152,6 +181,12 @@ class Converter {
       ds->trace_level = static_cast<int>(t);
     } else if (key == "allowpipes") {
       ASSIGN_OR_RETURN(ds->allow_pipes, Bool(v, k));
+    } else if (key == "readmethod") {
+      // CNTK's HTKMLFReader: "none" reads in order; blockRandomize/rollingWindow randomize.
+      const std::string m = Lower(v.scalar);
+      if (m == "none") ds->randomize = false;
+      else if (m != "blockrandomize" && m != "rollingwindow")
+        return Error(v, absl::StrCat("expected readMethod blockRandomize, rollingWindow or none, found '", v.scalar, "'"));
     } else if (key == "keepdatainmemory") {
       ASSIGN_OR_RETURN(ds->keep_data_in_memory, Bool(v, k));
     } else if (key == "cacheindex") {
@@ -189,11 +224,12 @@ class Converter {
         d->type = "CNTKBinary";
       } else if (lt == "kalditable") {
         d->type = "KaldiTable";
-      } else if (lt == "htkfeature" || lt == "htkmlf" || lt == "htkmlfreader" ||
-                 lt == "htkfeaturedeserializer" || lt == "htkmlfdeserializer") {
-        return absl::UnimplementedError(absl::StrCat(
-            source_, ":", v.line, ":", v.column, ": deserializer type '", t,
-            "' is not supported by this build yet; CNTKTextFormat, CNTKBinary and KaldiTable are"));
+      } else if (lt == "htkfeature" || lt == "htkfeaturedeserializer") {
+        d->type = "HTKFeature";
+      } else if (lt == "htkmlf" || lt == "htkmlfdeserializer") {
+        d->type = "HTKMLF";
+      } else if (lt == "htkmlfreader" || lt == "htkdeserializers") {
+        d->type = "HTKMLFReader";  // BrainScript: `features = [...]` and `labels = [...]` blocks
       } else {
         return Error(v, absl::StrCat("unknown deserializer type '", t, "' (expected CNTKTextFormat, CNTKBinary, HTKFeature, HTKMLF or KaldiTable)"));
       }
@@ -234,6 +270,7 @@ class Converter {
     if (d->type.empty()) d->type = "CNTKTextFormat";
     d->base_dir = base_dir_;
     if (d->type == "KaldiTable") return FinishKaldi(at, d);
+    if (d->type == "HTKFeature" || d->type == "HTKMLF") return FinishHtk(at, d);
     if (!d->rspecifier.empty()) return Error(at, "'rspecifier' belongs to a KaldiTable deserializer (type: KaldiTable)");
     if (d->file.empty()) return Error(at, "the deserializer needs 'file'");
     if (d->streams.empty() && d->type != "CNTKBinary") return Error(at, "the deserializer needs 'input' with at least one stream");
@@ -260,6 +297,24 @@ class Converter {
     return absl::OkStatus();
   }
 
+  absl::Status FinishHtk(const ConfigNode& at, DeserializerConfig* d) {
+    if (d->streams.empty()) return Error(at, absl::StrCat("the ", d->type, " deserializer needs 'input' with at least one stream"));
+    const bool features = d->type == "HTKFeature";
+    for (StreamConfig& sc : d->streams) {
+      if (features) {
+        if (sc.scp_file.empty()) return Error(at, absl::StrCat("input '", sc.name, "' needs 'scpFile' (the list of HTK feature files)"));
+        if (sc.format != StreamFormat::kDense) return Error(at, absl::StrCat("input '", sc.name, "': HTK features are dense"));
+      } else {
+        if (sc.mlf_file.empty()) return Error(at, absl::StrCat("input '", sc.name, "' needs 'mlfFile'"));
+        if (sc.format == StreamFormat::kDense) return Error(at, absl::StrCat("input '", sc.name, "': MLF labels are 'sparse' (one-hot) or 'ids'"));
+        if (!sc.dim_given) return Error(at, absl::StrCat("input '", sc.name, "' needs 'labelDim' (or 'dim'): the number of classes"));
+      }
+      sc.format_given = true;
+    }
+    if (!d->file.empty()) return Error(at, absl::StrCat("the ", d->type, " deserializer reads 'scpFile'/'mlfFile' in its inputs, not 'file'"));
+    return absl::OkStatus();
+  }
+
   absl::Status Deserializer(const ConfigNode& n, DatasetConfig* ds) {
     if (!n.is_map()) return Error(n, "expected a deserializer block");
     DeserializerConfig d;
@@ -283,6 +338,7 @@ class Converter {
     ds.name = name;
     ds.precision = precision;
     DeserializerConfig inline_d;
+    std::vector<DeserializerConfig> legacy_htk;
     bool has_inline = false;
     const ConfigNode* deserializers = nullptr;
     if (const ConfigNode* t = n.Get("readerType")) {
@@ -296,6 +352,21 @@ class Converter {
       }
       ASSIGN_OR_RETURN(bool known, DatasetKey(k, v, &ds));
       if (known) continue;
+      if (inline_d.type == "HTKMLFReader" && v.is_map() && (v.Get("scpFile") || v.Get("mlfFile"))) {
+        // CNTK's HTKMLFReader: each `NAME = [scpFile = ...]` / `NAME = [mlfFile = ...]` block
+        // is one stream of an HTK feature or MLF deserializer.
+        DeserializerConfig h;
+        h.type = v.Get("scpFile") ? "HTKFeature" : "HTKMLF";
+        ConfigNode input;
+        input.kind = ConfigNode::Kind::kMap;
+        input.line = v.line;
+        input.column = v.column;
+        input.map.emplace_back(k, v);
+        RETURN_IF_ERROR(Streams(input, &h));
+        RETURN_IF_ERROR(FinishDeserializer(v, &h));
+        legacy_htk.push_back(std::move(h));
+        continue;
+      }
       ASSIGN_OR_RETURN(known, DeserializerKey(k, v, &inline_d));
       if (known) {
         has_inline = true;
@@ -303,7 +374,13 @@ class Converter {
       }
       RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'")));
     }
-    if (deserializers != nullptr) {
+    if (inline_d.type == "HTKMLFReader") {
+      // Feature blocks first: the first one is the primary stream, as in CNTK.
+      std::stable_partition(legacy_htk.begin(), legacy_htk.end(), [](const DeserializerConfig& h) { return h.type == "HTKFeature"; });
+      if (legacy_htk.empty() || legacy_htk[0].type != "HTKFeature")
+        return Error(n, absl::StrCat("dataset '", name, "': an HTKMLFReader needs a features block with 'scpFile'"));
+      for (DeserializerConfig& h : legacy_htk) ds.deserializers.push_back(std::move(h));
+    } else if (deserializers != nullptr) {
       if (has_inline) return Error(n, absl::StrCat("dataset '", name, "' has both 'deserializers' and 'file'/'input'; use one"));
       if (deserializers->kind == ConfigNode::Kind::kList) {
         for (const auto& d : deserializers->list) RETURN_IF_ERROR(Deserializer(d, &ds));

@@ -114,8 +114,17 @@ class BrainScriptParser {
   void SkipSpace(bool newlines) {
     while (!AtEnd()) {
       char c = Peek();
-      if (c == '#') {
+      if (c == '#' || (c == '/' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '/')) {
         while (!AtEnd() && Peek() != '\n') Advance();
+      } else if (c == '/' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '*') {
+        // BrainScript block comment.
+        Advance();
+        Advance();
+        while (!AtEnd() && !(Peek() == '*' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '/')) Advance();
+        if (!AtEnd()) {
+          Advance();
+          Advance();
+        }
       } else if (c == ' ' || c == '\t' || c == '\r' || (newlines && c == '\n')) {
         Advance();
       } else {
@@ -154,7 +163,80 @@ class BrainScriptParser {
       if (Peek() != '=') return Error(absl::StrCat("expected '=' after '", key, "'"));
       Advance();
       SkipSpace(false);
-      ASSIGN_OR_RETURN(ConfigNode value, ParseValue(close));
+      if (absl::EndsWithIgnoreCase(key, "NetworkBuilder") && (Peek() == '[' || Peek() == '{')) {
+        // A network definition (BrainScript functions and expressions): not a loader's
+        // business; skipped to its matching bracket, comments and quotes respected.
+        ConfigNode skipped;
+        skipped.line = key_line;
+        skipped.column = key_col;
+        skipped.scalar = "<network definition>";
+        int depth = 0;
+        char quote = 0;
+        while (!AtEnd()) {
+          const char ch = Peek();
+          if (quote) {
+            if (ch == quote || ch == '\n') quote = 0;
+          } else if (ch == '#' || (ch == '/' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '/')) {
+            while (!AtEnd() && Peek() != '\n') Advance();
+            continue;
+          } else if (ch == '"' || ch == '\'') {
+            quote = ch;
+          } else if (ch == '(' || ch == '[' || ch == '{') {
+            ++depth;
+          } else if (ch == ')' || ch == ']' || ch == '}') {
+            if (--depth == 0) {
+              Advance();
+              break;
+            }
+          }
+          Advance();
+        }
+        if (depth != 0) return Error(absl::StrCat("the block '", key, "' is not closed"));
+        map->map.emplace_back(key, std::move(skipped));
+        continue;
+      }
+      const size_t value_pos = pos_;
+      const int value_line = line_;
+      const size_t value_line_start = line_start_;
+      absl::StatusOr<ConfigNode> parsed = ParseValue(close);
+      if (parsed.ok()) SkipSpace(false);
+      if (!parsed.ok() || (!AtEnd() && Peek() != '\n' && Peek() != ';' && Peek() != ',' && Peek() != close)) {
+        // A BrainScript expression (network definitions: `11 * baseFeatDim`, `Input(...)`):
+        // kept as its text, up to the end of the line outside brackets and quotes.
+        pos_ = value_pos;
+        line_ = value_line;
+        line_start_ = value_line_start;
+        ConfigNode expr;
+        expr.line = line_;
+        expr.column = Column();
+        int depth = 0;
+        char quote = 0;
+        while (!AtEnd()) {
+          const char ch = Peek();
+          if (quote) {
+            if (ch == quote) quote = 0;
+          } else if (ch == '"' || ch == '\'') {
+            quote = ch;
+          } else if (ch == '(' || ch == '[' || ch == '{') {
+            ++depth;
+          } else if (ch == ')' || ch == ']' || ch == '}') {
+            if (depth == 0) break;
+            --depth;
+          } else if (depth == 0 && (ch == '\n' || ch == ';' || ch == '#')) {
+            break;
+          }
+          expr.scalar.push_back(ch);
+          Advance();
+        }
+        if (quote || depth > 0) {
+          if (!parsed.ok()) return parsed.status();
+          return Error(absl::StrCat("unbalanced brackets or quotes in the value of '", key, "'"));
+        }
+        while (!expr.scalar.empty() && (expr.scalar.back() == ' ' || expr.scalar.back() == '\t' || expr.scalar.back() == '\r'))
+          expr.scalar.pop_back();
+        parsed = std::move(expr);
+      }
+      ConfigNode value = std::move(*parsed);
       value.line = key_line;
       value.column = key_col;
       // A later assignment of the same name overrides an earlier one, as in CNTK.

@@ -23,6 +23,11 @@ struct StreamConfig {
   uint64_t dim = 0;   // dense: values per sample; sparse: bound on indices
   bool defines_mb_size = false;
   bool dim_given = true;     // KaldiTable: dim 0 means "take it from the data"
+  // HTKFeature: the scp file and the context window (frames left/right; -1: inferred from
+  // dim / the files' feature dim). HTKMLF: the MLF (text or binary) and the state list.
+  std::string scp_file{}, mlf_file{}, label_mapping_file{};
+  int context_left = -1, context_right = -1;
+  uint64_t frame_shift = 100000;  // MLF times per frame, in 100 ns units (10 ms)
   bool format_given = true;  // CNTKBinary: format/dim may be left to the file (false, dim 0)
 };
 

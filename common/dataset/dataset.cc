@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_indexer.h"
+#include "common/formats/htk/htk_source.h"
 #include "common/formats/kaldi/kaldi_source.h"
 #include "common/index/index_cache.h"
 #include "common/status_macros.h"
@@ -12,7 +13,7 @@
 namespace conveyor {
 namespace {
 
-bool IsKeyed(const std::string& type) { return type == "KaldiTable"; }
+bool IsKeyed(const std::string& type) { return type == "KaldiTable" || type == "HTKFeature" || type == "HTKMLF"; }
 
 }  // namespace
 
@@ -166,17 +167,25 @@ absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
 
 absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
   const size_t ns = config_.deserializers.size();
+  bool htk = false;
   for (size_t s = 0; s < ns; ++s) {
     const DeserializerConfig& d = config_.deserializers[s];
     if (!IsKeyed(d.type)) {
       return absl::UnimplementedError(absl::StrCat(
           "dataset '", config_.name, "': a ", d.type, " deserializer cannot be joined by key with ",
-          "KaldiTable deserializers (composites join keyed formats: KaldiTable)"));
+          "keyed deserializers (composites join KaldiTable, HTKFeature and HTKMLF)"));
     }
     std::function<void(uint64_t, uint64_t)> progress;
     if (options.progress) progress = options.progress;
-    ASSIGN_OR_RETURN(std::unique_ptr<KeyedSource> src,
-                     OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), progress));
+    std::unique_ptr<KeyedSource> src;
+    if (d.type == "KaldiTable") {
+      ASSIGN_OR_RETURN(src, OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), progress));
+    } else if (d.type == "HTKFeature") {
+      ASSIGN_OR_RETURN(src, OpenHtkFeatureSource(d, d.base_dir, diagnostics_.get(), budget_.get()));
+    } else {
+      ASSIGN_OR_RETURN(src, OpenMlfSource(d, diagnostics_.get(), budget_.get()));
+    }
+    if (d.type != "KaldiTable") htk = true;
     stream_base_.push_back(streams_.size());
     for (const StreamConfig& sc : src->streams()) streams_.push_back(sc);
     SourceStats st;
@@ -213,6 +222,11 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
     for (size_t s = 1; s < ns && !missing; ++s) {
       auto it = by_key[s].find(key);
       if (it == by_key[s].end()) {
+        // MLF names given as "*/name" patterns match an scp id by its last component.
+        const size_t slash = key.rfind('/');
+        if (slash != std::string::npos) it = by_key[s].find(std::string_view(key).substr(slash + 1));
+      }
+      if (it == by_key[s].end()) {
         missing = true;
         ++source_stats_[s].missing;
         diagnostics_->Report(Severity::kWarning, "missing key",
@@ -238,8 +252,9 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
       ++dropped_empty_;
       continue;
     }
-    if (config_.frame_mode && shortest != longest) {
-      // Frames pair samples of every stream: counts must agree (as CNTK's readers require).
+    if ((config_.frame_mode || htk) && shortest != longest) {
+      // Frames pair samples of every stream: counts must agree (as CNTK's readers require;
+      // HTK features and MLF labels always describe the same frames).
       ++dropped_mismatched_;
       diagnostics_->Report(Severity::kWarning, "frame count mismatch",
                            absl::StrCat("sequence '", key, "' has streams of ", shortest, " and ", longest,

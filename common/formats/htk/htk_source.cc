@@ -1,0 +1,576 @@
+#include "common/formats/htk/htk_source.h"
+
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/mapped_file.h"
+#include "common/status_macros.h"
+
+namespace conveyor {
+namespace {
+
+inline absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
+  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+template <typename T>
+T Load(const char* p, bool big_endian) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  if (big_endian) {
+    if constexpr (sizeof(T) == 2) {
+      uint16_t u;
+      std::memcpy(&u, &v, 2);
+      u = __builtin_bswap16(u);
+      std::memcpy(&v, &u, 2);
+    } else if constexpr (sizeof(T) == 4) {
+      uint32_t u;
+      std::memcpy(&u, &v, 4);
+      u = __builtin_bswap32(u);
+      std::memcpy(&v, &u, 4);
+    }
+  }
+  return v;
+}
+
+bool ParseInt(std::string_view s, int64_t* out) {
+  auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return !s.empty() && r.ec == std::errc() && r.ptr == s.data() + s.size();
+}
+
+// The path without its last extension (a '.' after the last '/').
+std::string StripExtension(std::string_view s) {
+  const size_t dot = s.rfind('.');
+  const size_t slash = s.rfind('/');
+  if (dot != std::string_view::npos && (slash == std::string_view::npos || dot > slash)) s = s.substr(0, dot);
+  return std::string(s);
+}
+
+constexpr uint16_t kCompressed = 02000, kVq = 040000, kBaseMask = 077, kFeStream = 12;
+
+}  // namespace
+
+absl::StatusOr<HtkHeader> ParseHtkHeader(std::string_view bytes, const std::string& path) {
+  if (bytes.size() < 12) {
+    return absl::DataLossError(absl::StrCat(path, ": ", bytes.size(), " bytes; an HTK file starts with a 12-byte header"));
+  }
+  HtkHeader h;
+  // HTK writes big-endian; CNTK also reads files written little-endian, telling them apart by
+  // the sample period that makes more sense (the smaller one).
+  const uint32_t be_period = Load<uint32_t>(bytes.data() + 4, true), le_period = Load<uint32_t>(bytes.data() + 4, false);
+  h.big_endian = be_period <= le_period;
+  h.samples = Load<int32_t>(bytes.data(), h.big_endian);
+  h.period = Load<int32_t>(bytes.data() + 4, h.big_endian);
+  h.sample_bytes = Load<int16_t>(bytes.data() + 8, h.big_endian);
+  h.kind = Load<uint16_t>(bytes.data() + 10, h.big_endian);
+  h.compressed = (h.kind & kCompressed) != 0;
+  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path, ": HTK header: ", why)); };
+  if (h.kind & kVq) return bad("vector-quantised (_V) files are not supported");
+  if ((h.kind & kBaseMask) == kFeStream) return bad("FESTREAM files are not supported");
+  if (h.samples < 0) return bad(absl::StrCat("negative sample count ", h.samples));
+  if (h.sample_bytes <= 0 || h.sample_bytes % (h.compressed ? 2 : 4) != 0) {
+    return bad(absl::StrCat("sample size ", h.sample_bytes, " bytes is not a whole number of ",
+                            h.compressed ? "int16 (_C)" : "float32", " values"));
+  }
+  h.dim = h.sample_bytes / (h.compressed ? 2 : 4);
+  h.frames = h.samples;
+  if (h.compressed) {
+    // The A and B vectors (dim floats each) take the room of 4 compressed frames.
+    if (h.samples < 4) return bad(absl::StrCat("a compressed (_C) file needs at least 4 samples for its A and B vectors, has ", h.samples));
+    h.frames = h.samples - 4;
+    h.data_offset = 12 + 8 * static_cast<uint64_t>(h.dim);
+  }
+  const uint64_t need = h.data_offset + static_cast<uint64_t>(h.frames) * static_cast<uint64_t>(h.sample_bytes);
+  if (need > bytes.size()) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: the header promises ", h.frames, " frames of ", h.sample_bytes,
+                                            " bytes (", need, " bytes in all), the file has ", bytes.size()));
+  }
+  return h;
+}
+
+absl::StatusOr<HtkScpEntry> ParseHtkScpLine(std::string_view line, const std::string& scp_dir) {
+  line = Trim(line);
+  HtkScpEntry e;
+  std::string_view logical, physical = line;
+  const size_t eq = line.find('=');
+  if (eq != std::string_view::npos) {
+    logical = line.substr(0, eq);
+    physical = line.substr(eq + 1);
+  }
+  physical = Trim(physical);
+  if (!physical.empty() && physical.back() == ']') {
+    const size_t open = physical.rfind('[');
+    if (open == std::string_view::npos) return absl::InvalidArgumentError("']' without '['");
+    const std::string_view range = physical.substr(open + 1, physical.size() - open - 2);
+    const size_t comma = range.find(',');
+    if (comma == std::string_view::npos || !ParseInt(Trim(range.substr(0, comma)), &e.first) ||
+        !ParseInt(Trim(range.substr(comma + 1)), &e.last) || e.first < 0 || e.last < e.first) {
+      return absl::InvalidArgumentError(absl::StrCat("bad frame range '[", AV(range), "]' (expected [first,last], inclusive, first <= last)"));
+    }
+    e.has_range = true;
+    physical = Trim(physical.substr(0, open));
+  }
+  if (physical.empty()) return absl::InvalidArgumentError("no file name");
+  if (physical.substr(0, 4) == ".../") {
+    e.path = (std::filesystem::path(scp_dir) / std::string(physical.substr(4))).string();
+  } else {
+    e.path = std::string(physical);
+  }
+  e.key = StripExtension(logical.empty() ? physical : Trim(logical));
+  if (e.key.empty()) return absl::InvalidArgumentError("empty utterance id");
+  return e;
+}
+
+std::string MlfKey(std::string_view q) {
+  q = Trim(q);
+  if (q.size() >= 2 && q.front() == '"' && q.back() == '"') q = q.substr(1, q.size() - 2);
+  if (q.substr(0, 2) == "*/") q.remove_prefix(2);
+  return StripExtension(q);
+}
+
+namespace {
+
+absl::StatusOr<MlfFile> ParseBinaryMlf(std::string_view b, const std::string& path) {
+  MlfFile out;
+  auto bad = [&](uint64_t at, const std::string& why) { return absl::DataLossError(absl::StrCat(path, ": byte ", at, ": ", why)); };
+  if (b.size() < 5) return bad(0, "truncated binary MLF header");
+  const int16_t version = Load<int16_t>(b.data() + 3, false);
+  if (version != 1 && version != 2) return bad(3, absl::StrCat("binary MLF version ", version, " (expected 1 or 2)"));
+  uint64_t at = 5;
+  while (at < b.size()) {
+    const uint64_t start = at;
+    uint64_t len;
+    if (version == 1) {
+      if (b.size() - at < 4) return bad(at, "file ends inside a key length");
+      len = Load<uint32_t>(b.data() + at, false);
+      at += 4;
+    } else {
+      if (b.size() - at < 2) return bad(at, "file ends inside a key length");
+      len = Load<uint16_t>(b.data() + at, false);
+      at += 2;
+    }
+    if (b.size() - at < len + 6) return bad(at, absl::StrCat("file ends inside an utterance (key of ", len, " bytes)"));
+    MlfUtterance u;
+    u.key = std::string(b.substr(at, len));
+    at += len;
+    u.frames = Load<uint32_t>(b.data() + at, false);
+    const uint16_t runs = Load<uint16_t>(b.data() + at + 4, false);
+    at += 6;
+    if (b.size() - at < 4ull * runs) return bad(at, absl::StrCat("file ends inside the ", runs, " runs of '", u.key, "'"));
+    uint64_t total = 0;
+    for (uint16_t r = 0; r < runs; ++r) {
+      const uint16_t state = Load<uint16_t>(b.data() + at, false), count = Load<uint16_t>(b.data() + at + 2, false);
+      at += 4;
+      if (count > 0) u.runs.emplace_back(state, count);
+      total += count;
+    }
+    if (total != u.frames) {
+      return bad(start, absl::StrCat("utterance '", u.key, "' says ", u.frames, " frames but its runs cover ", total));
+    }
+    out.utterances.push_back(std::move(u));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path, const std::vector<std::string>& states,
+                                 uint64_t frame_shift, Diagnostics* diagnostics) {
+  if (bytes.substr(0, 3) == "MLF") return ParseBinaryMlf(bytes, path);
+  std::unordered_map<std::string_view, uint32_t> state_index;
+  for (size_t i = 0; i < states.size(); ++i) state_index.emplace(states[i], static_cast<uint32_t>(i));
+  MlfFile out;
+  uint64_t line_no = 0;
+  size_t at = 0;
+  bool header = false;
+  auto next_line = [&](std::string_view* line) {
+    if (at >= bytes.size()) return false;
+    size_t eol = bytes.find('\n', at);
+    if (eol == std::string_view::npos) eol = bytes.size();
+    *line = Trim(bytes.substr(at, eol - at));
+    at = eol + 1;
+    ++line_no;
+    return true;
+  };
+  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path, ":", line_no, ": ", why)); };
+  std::string_view line;
+  while (next_line(&line)) {
+    if (line.empty()) continue;
+    if (line == "#!MLF!#") {
+      header = true;
+      continue;
+    }
+    if (!header) return bad("expected '#!MLF!#' on the first line of an MLF");
+    if (line.front() != '"') return bad(absl::StrCat("expected a quoted utterance name, found '", AV(line.substr(0, 40)), "'"));
+    MlfUtterance u;
+    u.key = MlfKey(line);
+    bool closed = false, valid = true;
+    std::string why;
+    uint64_t end_frame = 0;
+    while (next_line(&line)) {
+      if (line == ".") {
+        closed = true;
+        break;
+      }
+      if (line.empty()) continue;
+      std::vector<std::string_view> tok;
+      for (size_t i = 0; i < line.size();) {
+        while (i < line.size() && IsSpace(line[i])) ++i;
+        size_t j = i;
+        while (j < line.size() && !IsSpace(line[j])) ++j;
+        if (j > i) tok.push_back(line.substr(i, j - i));
+        i = j;
+      }
+      int64_t begin, end;
+      if (tok.size() < 3 || !ParseInt(tok[0], &begin) || !ParseInt(tok[1], &end) || begin < 0 || end < begin) {
+        return bad("expected 'begin end label [...]' with times begin <= end (or '.' to end the utterance)");
+      }
+      int64_t cls = -1;
+      if (!states.empty()) {
+        auto it = state_index.find(tok[2]);
+        if (it == state_index.end()) return bad(absl::StrCat("label '", AV(tok[2]), "' is not in the label mapping file"));
+        cls = it->second;
+      } else if (!(tok.size() >= 4 && ParseInt(tok[3], &cls)) && !ParseInt(tok[2], &cls)) {
+        return bad(absl::StrCat("label '", AV(tok[2]), "' is not a class number (give a labelMappingFile)"));
+      }
+      if (cls < 0 || cls > UINT32_MAX) return bad(absl::StrCat("class ", cls, " out of range"));
+      // CNTK: times in 100 ns units when a range spans at least a frame, else frame numbers.
+      uint64_t b = static_cast<uint64_t>(begin), e = static_cast<uint64_t>(end);
+      if (end - begin >= static_cast<int64_t>(frame_shift) - 1) {
+        b = static_cast<uint64_t>(static_cast<double>(begin) / static_cast<double>(frame_shift) + 0.5);
+        e = static_cast<uint64_t>(static_cast<double>(end) / static_cast<double>(frame_shift) + 0.5);
+      }
+      if (valid && b != end_frame) {
+        valid = false;
+        why = absl::StrCat("line ", line_no, " starts at frame ", b, ", the previous range ended at ", end_frame);
+      }
+      if (valid && e > b) u.runs.emplace_back(static_cast<uint32_t>(cls), static_cast<uint32_t>(e - b));
+      end_frame = std::max(end_frame, e);
+    }
+    if (!closed) return bad(absl::StrCat("utterance '", u.key, "' has no closing '.'"));
+    if (!valid) {
+      ++out.dropped;
+      diagnostics->Report(Severity::kWarning, "mlf gap",
+                          absl::StrCat(path, ": utterance '", u.key, "': ", why, " (ranges must be consecutive from 0); skipped"));
+      continue;
+    }
+    u.frames = static_cast<uint32_t>(end_frame);
+    out.utterances.push_back(std::move(u));
+  }
+  if (!header) return absl::DataLossError(absl::StrCat(path, ": empty MLF (expected '#!MLF!#')"));
+  return out;
+}
+
+namespace {
+
+class HtkFeatureSource final : public KeyedSource {
+ public:
+  struct File {
+    std::string path;
+    std::unique_ptr<MappedFile> map;
+    HtkHeader header;
+  };
+  struct Entry {
+    std::string key;
+    uint32_t file = 0;
+    int64_t first = 0, frames = 0;
+  };
+
+  absl::Status Open(const DeserializerConfig& d, const std::string& base_dir, Diagnostics* diag, ErrorBudget* budget) {
+    streams_ = d.streams;
+    if (streams_.size() != 1) return absl::InvalidArgumentError("an HTKFeature deserializer has exactly one input (add another deserializer for more)");
+    StreamConfig& sc = streams_[0];
+    scp_ = sc.scp_file;
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(scp_));
+    const std::string scp_dir = std::filesystem::path(scp_).parent_path().string();
+    std::map<std::string, uint32_t> by_path;
+    std::unordered_map<std::string, int> seen;
+    std::vector<Entry> all;
+    int64_t feat_dim = -1, kind = -1;
+    std::string first_error;
+    uint64_t line_no = 0;
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t eol = text.find('\n', at);
+      if (eol == std::string::npos) eol = text.size();
+      const std::string_view line = Trim(std::string_view(text).substr(at, eol - at));
+      at = eol + 1;
+      ++line_no;
+      if (line.empty()) continue;
+      auto fail = [&](const std::string& why) -> absl::Status {
+        const std::string message = absl::StrCat(scp_, ":", line_no, ": ", why);
+        if (first_error.empty()) first_error = message;
+        if (!budget->Spend()) return absl::DataLossError(absl::StrCat(message, " (more than maxErrors=", budget->max_errors(), " input errors)"));
+        diag->Report(Severity::kWarning, "htk scp", absl::StrCat(message, "; line skipped"));
+        ++skipped_;
+        return absl::OkStatus();
+      };
+      auto e = ParseHtkScpLine(line, scp_dir);
+      if (!e.ok()) {
+        RETURN_IF_ERROR(fail(std::string(e.status().message())));
+        continue;
+      }
+      std::string path = e->path;
+      if (std::filesystem::path(path).is_relative()) {
+        std::string p = (std::filesystem::path(base_dir) / path).string();
+        if (!std::filesystem::exists(p) && std::filesystem::exists(std::filesystem::path(scp_dir) / path))
+          p = (std::filesystem::path(scp_dir) / path).string();
+        path = p;
+      }
+      auto it = by_path.find(path);
+      if (it == by_path.end()) {
+        auto map = MappedFile::Open(path);
+        if (!map.ok()) {
+          RETURN_IF_ERROR(fail(std::string(map.status().message())));
+          continue;
+        }
+        auto header = ParseHtkHeader((*map)->bytes(), path);
+        if (!header.ok()) {
+          RETURN_IF_ERROR(fail(std::string(header.status().message())));
+          continue;
+        }
+        if (feat_dim < 0) feat_dim = header->dim, kind = header->kind & ~kCompressed;
+        if (header->dim != feat_dim || (header->kind & ~kCompressed) != kind) {
+          RETURN_IF_ERROR(fail(absl::StrCat(path, " has ", header->dim, " values per frame (kind ", header->kind, "), the first file ",
+                                            feat_dim, " (kind ", kind, "): every file must match")));
+          continue;
+        }
+        files_.push_back(File{path, std::move(*map), *header});
+        it = by_path.emplace(path, static_cast<uint32_t>(files_.size() - 1)).first;
+      }
+      const HtkHeader& h = files_[it->second].header;
+      Entry entry{e->key, it->second, 0, h.frames};
+      if (e->has_range) {
+        if (e->last >= h.frames) {
+          RETURN_IF_ERROR(fail(absl::StrCat("frame range [", e->first, ",", e->last, "] ends past the ", h.frames, " frames of ", path)));
+          continue;
+        }
+        entry.first = e->first;
+        entry.frames = e->last - e->first + 1;
+      }
+      ++seen[entry.key];
+      all.push_back(std::move(entry));
+    }
+    // Repeated keys are all dropped (CNTK): which one was meant is unknowable.
+    for (Entry& e : all) {
+      if (seen[e.key] > 1) {
+        diag->Report(Severity::kWarning, "htk duplicate", absl::StrCat(scp_, ": utterance '", e.key, "' is listed more than once; dropped"));
+        ++skipped_;
+        continue;
+      }
+      entries_.push_back(std::move(e));
+    }
+    if (feat_dim <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(scp_, ": no readable feature file",
+                                                     first_error.empty() ? std::string() : absl::StrCat(" (first problem: ", first_error, ")")));
+    }
+    feat_dim_ = static_cast<uint32_t>(feat_dim);
+    left_ = sc.context_left;
+    right_ = sc.context_right;
+    if (left_ < 0) {
+      // Inferred as CNTK does: dim / featDim frames, an odd number.
+      const uint64_t dim = sc.dim_given && sc.dim ? sc.dim : feat_dim_;
+      if (dim % feat_dim_ != 0 || (dim / feat_dim_) % 2 == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            scp_, ": input '", sc.name, "' has dim ", dim, " but the files have ", feat_dim_,
+            " values per frame: dim must be an odd multiple of it (a symmetric context window), or set contextWindow"));
+      }
+      left_ = right_ = static_cast<int>((dim / feat_dim_ - 1) / 2);
+    }
+    const uint64_t out_dim = uint64_t{feat_dim_} * static_cast<uint64_t>(left_ + 1 + right_);
+    if (sc.dim_given && sc.dim != 0 && sc.dim != out_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(scp_, ": input '", sc.name, "' has dim ", sc.dim, " but ", feat_dim_,
+                                                     " values per frame x a context window of ", left_ + 1 + right_,
+                                                     " frames deliver ", out_dim));
+    }
+    sc.dim = out_dim;
+    return absl::OkStatus();
+  }
+
+  const std::vector<StreamConfig>& streams() const override { return streams_; }
+  size_t size() const override { return entries_.size(); }
+  const std::string& key(size_t i) const override { return entries_[i].key; }
+  uint32_t samples(size_t i, size_t) const override { return static_cast<uint32_t>(entries_[i].frames); }
+  uint64_t bytes(size_t i) const override {
+    return static_cast<uint64_t>(entries_[i].frames) * static_cast<uint64_t>(files_[entries_[i].file].header.sample_bytes);
+  }
+  void WillNeed(size_t i) const override {
+    const Entry& e = entries_[i];
+    const File& f = files_[e.file];
+    f.map->WillNeed(f.header.data_offset + static_cast<uint64_t>(e.first) * f.header.sample_bytes, bytes(i));
+  }
+  std::vector<std::string_view> inputs() const override {
+    std::vector<std::string_view> out;
+    for (const File& f : files_) out.push_back(f.map->bytes());
+    return out;
+  }
+  std::string description() const override { return scp_; }
+  uint64_t skipped() const override { return skipped_; }
+
+  absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
+    return precision == Precision::kFloat ? DecodeAs<float>(i, *out[0]) : DecodeAs<double>(i, *out[0]);
+  }
+
+ private:
+  template <typename T>
+  absl::Status DecodeAs(size_t i, ParsedStream& ps) const {
+    const Entry& e = entries_[i];
+    const File& f = files_[e.file];
+    const HtkHeader& h = f.header;
+    const char* base = f.map->bytes().data();
+    const uint32_t d = feat_dim_;
+    // The utterance's frames as floats once, then the context windows from them.
+    std::vector<float> frames(static_cast<size_t>(e.frames) * d);
+    for (int64_t t = 0; t < e.frames; ++t) {
+      const char* p = base + h.data_offset + static_cast<uint64_t>(e.first + t) * static_cast<uint64_t>(h.sample_bytes);
+      float* o = frames.data() + t * d;
+      if (h.compressed) {
+        const char* a = base + 12;
+        const char* b = a + 4 * d;
+        for (uint32_t j = 0; j < d; ++j) {
+          const float x = static_cast<float>(Load<int16_t>(p + 2 * j, h.big_endian));
+          o[j] = (x + Load<float>(b + 4 * j, h.big_endian)) / Load<float>(a + 4 * j, h.big_endian);
+        }
+      } else {
+        for (uint32_t j = 0; j < d; ++j) o[j] = Load<float>(p + 4 * j, h.big_endian);
+      }
+    }
+    std::vector<T>& values = ps.values<T>();
+    const uint64_t window = static_cast<uint64_t>(left_ + 1 + right_);
+    size_t w = values.size();
+    values.resize(w + static_cast<size_t>(e.frames) * window * d);
+    for (int64_t t = 0; t < e.frames; ++t) {
+      for (int64_t k = t - left_; k <= t + right_; ++k) {
+        const int64_t src = std::min(std::max<int64_t>(k, 0), e.frames - 1);
+        const float* from = frames.data() + src * d;
+        for (uint32_t j = 0; j < d; ++j) values[w++] = static_cast<T>(from[j]);
+      }
+    }
+    ps.sequence_begin.push_back(ps.sequence_begin.back() + static_cast<uint64_t>(e.frames));
+    return absl::OkStatus();
+  }
+
+  std::vector<StreamConfig> streams_;
+  std::string scp_;
+  std::vector<File> files_;
+  std::vector<Entry> entries_;
+  uint32_t feat_dim_ = 0;
+  int left_ = 0, right_ = 0;
+  uint64_t skipped_ = 0;
+};
+
+class MlfSource final : public KeyedSource {
+ public:
+  absl::Status Open(const DeserializerConfig& d, Diagnostics* diag, ErrorBudget* budget) {
+    streams_ = d.streams;
+    if (streams_.size() != 1) return absl::InvalidArgumentError("an HTKMLF deserializer has exactly one input (add another deserializer for more)");
+    const StreamConfig& sc = streams_[0];
+    path_ = sc.mlf_file;
+    std::vector<std::string> states;
+    if (!sc.label_mapping_file.empty()) {
+      ASSIGN_OR_RETURN(std::string text, ReadFileToString(sc.label_mapping_file));
+      std::unordered_map<std::string, size_t> seen;
+      size_t at = 0, line_no = 0;
+      while (at < text.size()) {
+        size_t eol = text.find('\n', at);
+        if (eol == std::string::npos) eol = text.size();
+        const std::string_view line = Trim(std::string_view(text).substr(at, eol - at));
+        at = eol + 1;
+        ++line_no;
+        if (line.empty()) continue;
+        if (!seen.emplace(std::string(line), line_no).second) {
+          return absl::InvalidArgumentError(absl::StrCat(sc.label_mapping_file, ":", line_no, ": label '", AV(line),
+                                                         "' is listed twice (first at line ", seen[std::string(line)], ")"));
+        }
+        states.emplace_back(line);
+      }
+      if (states.size() > sc.dim) {
+        return absl::InvalidArgumentError(absl::StrCat(sc.label_mapping_file, " lists ", states.size(), " labels but input '", sc.name,
+                                                       "' has labelDim ", sc.dim));
+      }
+    }
+    auto map = MappedFile::Open(path_);
+    if (!map.ok()) return map.status();
+    ASSIGN_OR_RETURN(MlfFile mlf, ParseMlf((*map)->bytes(), path_, states, sc.frame_shift, diag));
+    bytes_total_ = (*map)->bytes().size();
+    skipped_ = mlf.dropped;
+    for (MlfUtterance& u : mlf.utterances) {
+      bool ok = true;
+      for (const auto& [cls, n] : u.runs) {
+        if (cls >= sc.dim) {
+          const std::string message = absl::StrCat(path_, ": utterance '", u.key, "': class ", cls, " is outside [0, ", sc.dim,
+                                                    ") (input '", sc.name, "' labelDim)");
+          if (!budget->Spend()) return absl::DataLossError(absl::StrCat(message, " (more than maxErrors=", budget->max_errors(), " input errors)"));
+          diag->Report(Severity::kWarning, "mlf class", absl::StrCat(message, "; skipped"));
+          ++skipped_;
+          ok = false;
+          break;
+        }
+      }
+      if (ok) utterances_.push_back(std::move(u));
+    }
+    map_ = std::move(*map);
+    return absl::OkStatus();
+  }
+
+  const std::vector<StreamConfig>& streams() const override { return streams_; }
+  size_t size() const override { return utterances_.size(); }
+  const std::string& key(size_t i) const override { return utterances_[i].key; }
+  uint32_t samples(size_t i, size_t) const override { return utterances_[i].frames; }
+  uint64_t bytes(size_t i) const override { return 4ull * utterances_[i].runs.size(); }
+  std::vector<std::string_view> inputs() const override { return {map_->bytes()}; }
+  std::string description() const override { return path_; }
+  uint64_t skipped() const override { return skipped_; }
+
+  absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
+    ParsedStream& ps = *out[0];
+    const MlfUtterance& u = utterances_[i];
+    const bool ids = streams_[0].format == StreamFormat::kIds;
+    uint64_t nnz = ps.nnz_begin.back();
+    for (const auto& [cls, n] : u.runs) {
+      ps.indices.insert(ps.indices.end(), n, static_cast<int32_t>(cls));
+      if (ids) continue;
+      for (uint32_t k = 0; k < n; ++k) ps.nnz_begin.push_back(++nnz);
+      if (precision == Precision::kFloat) ps.values_f32.insert(ps.values_f32.end(), n, 1.0f);
+      else ps.values_f64.insert(ps.values_f64.end(), n, 1.0);
+    }
+    ps.sequence_begin.push_back(ps.sequence_begin.back() + u.frames);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<StreamConfig> streams_;
+  std::string path_;
+  std::unique_ptr<MappedFile> map_;
+  std::vector<MlfUtterance> utterances_;
+  uint64_t bytes_total_ = 0, skipped_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KeyedSource>> OpenHtkFeatureSource(const DeserializerConfig& d, const std::string& base_dir,
+                                                                   Diagnostics* diagnostics, ErrorBudget* budget) {
+  auto s = std::make_unique<HtkFeatureSource>();
+  RETURN_IF_ERROR(s->Open(d, base_dir, diagnostics, budget));
+  return std::unique_ptr<KeyedSource>(std::move(s));
+}
+
+absl::StatusOr<std::unique_ptr<KeyedSource>> OpenMlfSource(const DeserializerConfig& d, Diagnostics* diagnostics,
+                                                           ErrorBudget* budget) {
+  auto s = std::make_unique<MlfSource>();
+  RETURN_IF_ERROR(s->Open(d, diagnostics, budget));
+  return std::unique_ptr<KeyedSource>(std::move(s));
+}
+
+}  // namespace conveyor

@@ -1,0 +1,242 @@
+// HTK features + MLF labels against CNTK: the reconstructed AN4 subset read with CNTK's own
+// HTKMLFReader configuration (BrainScript, unchanged) reproduces CNTK's control output
+// HTKMLFReaderSimpleDataLoop2_12_Control.txt token for token (frame mode, 11-frame context
+// windows with edge replication across utterance boundaries, state-list labels, MLF times);
+// the binary MLF mlf2.bin decodes to exactly the text MLF; headers, compressed (_C) files,
+// scp forms, MLF errors and truncations by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/config_loader.h"
+#include "common/formats/htk/htk_source.h"
+#include "tests/test_util.h"
+
+namespace conveyor::testing {
+namespace {
+
+std::string An4Dir() { return TestdataDir() + "/cntk/HTK/an4_first3_reconstructed"; }
+std::string SpeechDir() { return TestdataDir() + "/cntk/Speech/Data"; }
+
+TEST(HtkGolden, CntkControlOutputOfTheReconstructedAn4Subset) {
+  auto config = LoadConfigFile(An4Dir() + "/an4_first3_Config.cntk");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->datasets.size(), 1u);
+  const DatasetConfig& ds = config->datasets[0];
+  ASSERT_EQ(ds.deserializers.size(), 2u);
+  EXPECT_EQ(ds.deserializers[0].type, "HTKFeature");
+  EXPECT_EQ(ds.deserializers[1].type, "HTKMLF");
+  EXPECT_FALSE(ds.randomize);  // readMethod = "none"
+  // HTKLMFReaderTests.cpp: epochSize 500, minibatch 250, 2 epochs.
+  ReadOptions ro;
+  ro.epoch_size = 500;
+  ro.minibatch_size = 250;
+  ro.epochs = 2;
+  auto ours = CntkControlTokens(ds, ro);
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  const std::vector<std::string> expected = Tokens(ReadFile(TestdataDir() + "/cntk/HTK/Control/HTKMLFReaderSimpleDataLoop2_12_Control.txt"));
+  // 4 minibatches x (250 x 363 features + 250 x 132 labels).
+  ASSERT_EQ(expected.size(), 4u * 250 * (363 + 132));
+  ASSERT_EQ(ours->size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double a = std::strtod((*ours)[i].c_str(), nullptr), e = std::strtod(expected[i].c_str(), nullptr);
+    ASSERT_LE(std::fabs(a - e), 1e-5 * std::max(1.0, std::fabs(e))) << "token " << i << ": conveyor " << (*ours)[i] << ", CNTK " << expected[i];
+  }
+}
+
+TEST(HtkGolden, CntkSpeechConfigWithDeserializersAndANetworkLoads) {
+  // CNTK's own end-to-end LSTM config: `deserializers = ([HTKFeatureDeserializer]:[HTKMLFDeserializer])`
+  // next to a BrainScript network definition (skipped).
+  TempDir dir;
+  std::string text = ReadFile(TestdataDir() + "/cntk/Speech/Configs/HTKDeserializers_LSTM_FullUtterance__cntk.cntk");
+  for (size_t at; (at = text.find("$DataDir$")) != std::string::npos;) text.replace(at, 9, SpeechDir());
+  for (size_t at; (at = text.find("$DeviceId$")) != std::string::npos;) text.replace(at, 10, "-1");
+  for (size_t at; (at = text.find("$RunDir$")) != std::string::npos;) text.replace(at, 8, dir.path());
+  auto config = LoadConfigFile(dir.Write("lstm.cntk", text));
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->datasets.size(), 1u);
+  const DatasetConfig& ds = config->datasets[0];
+  ASSERT_EQ(ds.deserializers.size(), 2u);
+  EXPECT_EQ(ds.deserializers[0].type, "HTKFeature");
+  EXPECT_EQ(ds.deserializers[0].streams[0].dim, 363u);
+  EXPECT_EQ(ds.deserializers[0].streams[0].scp_file, SpeechDir() + "/glob_0000.scp");
+  EXPECT_EQ(ds.deserializers[1].type, "HTKMLF");
+  EXPECT_EQ(ds.deserializers[1].streams[0].dim, 132u);
+  EXPECT_EQ(ds.deserializers[1].streams[0].label_mapping_file, SpeechDir() + "/state.list");
+  // Its features (Features/000000000.chunk) are not in testdata: opening names the file.
+  auto open = Dataset::Open(ds);
+  ASSERT_FALSE(open.ok());
+  EXPECT_NE(open.status().message().find("000000000.chunk"), std::string::npos) << open.status();
+}
+
+std::vector<std::string> States(const std::string& path) {
+  std::vector<std::string> out;
+  for (const std::string& t : Tokens(ReadFile(path))) out.push_back(t);
+  return out;
+}
+
+TEST(HtkGolden, BinaryMlfDecodesToTheTextMlf) {
+  const std::vector<std::string> states = States(SpeechDir() + "/state.list");
+  ASSERT_EQ(states.size(), 132u);
+  Diagnostics diag(1, [](Severity, const std::string&) {});
+  const std::string text = ReadFile(SpeechDir() + "/glob_0000.mlf");
+  const std::string binary = ReadFile(SpeechDir() + "/mlf2.bin");
+  auto t = ParseMlf(text, "glob_0000.mlf", states, 100000, &diag);
+  auto b = ParseMlf(binary, "mlf2.bin", states, 100000, &diag);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(t->utterances.size(), 948u);
+  ASSERT_EQ(b->utterances.size(), 948u);
+  for (size_t i = 0; i < 948; ++i) {
+    const MlfUtterance &x = t->utterances[i], &y = b->utterances[i];
+    ASSERT_EQ(x.key, y.key) << i;
+    ASSERT_EQ(x.frames, y.frames) << x.key;
+    // The binary format stores runs of one state; the text may split a run over lines.
+    std::vector<uint32_t> fx, fy;
+    for (auto [c, n] : x.runs) fx.insert(fx.end(), n, c);
+    for (auto [c, n] : y.runs) fy.insert(fy.end(), n, c);
+    ASSERT_EQ(fx, fy) << x.key;
+  }
+  // The first utterance by hand: "0 100000 sil[2]" is frame 0, class of sil[2] in state.list.
+  const MlfUtterance& u = t->utterances[0];
+  EXPECT_EQ(u.key, "An4/71/71/cen5-fjam-b");
+  EXPECT_EQ(u.frames, 368u);
+  EXPECT_EQ(states[u.runs[0].first], "sil[2]");
+  EXPECT_EQ(u.runs[0].second, 1u);
+  EXPECT_EQ(states[u.runs[1].first], "sil[3]");
+  EXPECT_EQ(u.runs[1].second, 54u);  // 100000 .. 5500000
+}
+
+std::string BigEndianHtk(int32_t samples, int32_t period, int16_t sample_bytes, uint16_t kind, const std::vector<float>& data) {
+  std::string out;
+  auto put32 = [&](uint32_t v) {
+    v = __builtin_bswap32(v);
+    out.append(reinterpret_cast<const char*>(&v), 4);
+  };
+  auto put16 = [&](uint16_t v) {
+    v = __builtin_bswap16(v);
+    out.append(reinterpret_cast<const char*>(&v), 2);
+  };
+  put32(static_cast<uint32_t>(samples));
+  put32(static_cast<uint32_t>(period));
+  put16(static_cast<uint16_t>(sample_bytes));
+  put16(kind);
+  for (float f : data) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    put32(u);
+  }
+  return out;
+}
+
+TEST(Htk, HeadersQualifiersAndTruncation) {
+  const std::string f = BigEndianHtk(2, 100000, 8, 9 | 0100 | 0400, {1, 2, 3, 4});  // USER_E_D
+  auto h = ParseHtkHeader(f, "f.htk");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->big_endian);
+  EXPECT_EQ(h->dim, 2);
+  EXPECT_EQ(h->frames, 2);
+  for (size_t n = 0; n < f.size(); ++n) {
+    auto t = ParseHtkHeader(f.substr(0, n), "f.htk");
+    ASSERT_FALSE(t.ok()) << n;
+    EXPECT_NE(t.status().message().find("f.htk"), std::string::npos);
+  }
+  EXPECT_FALSE(ParseHtkHeader(BigEndianHtk(1, 100000, 4, 9 | 040000, {1}), "v").ok());  // _V
+  EXPECT_FALSE(ParseHtkHeader(BigEndianHtk(1, 100000, 3, 9, {1}), "odd").ok());       // 3-byte samples
+  EXPECT_FALSE(ParseHtkHeader(BigEndianHtk(-1, 100000, 4, 9, {}), "neg").ok());
+  // Little-endian files are recognised by their sample period.
+  std::string le(12, '\0');
+  const int32_t n = 1, period = 100000;
+  const int16_t bytes = 4, kind = 9;
+  std::memcpy(&le[0], &n, 4);
+  std::memcpy(&le[4], &period, 4);
+  std::memcpy(&le[8], &bytes, 2);
+  std::memcpy(&le[10], &kind, 2);
+  le.append("\0\0\x80\x3f", 4);  // 1.0f
+  auto l = ParseHtkHeader(le, "le.htk");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_FALSE(l->big_endian);
+  EXPECT_EQ(l->period, 100000);
+}
+
+TEST(Htk, ScpForms) {
+  auto a = ParseHtkScpLine("utt1.mfc=/data/x.htk[3,9]", "/scp");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->key, "utt1");
+  EXPECT_EQ(a->path, "/data/x.htk");
+  EXPECT_TRUE(a->has_range);
+  EXPECT_EQ(a->first, 3);
+  EXPECT_EQ(a->last, 9);
+  auto b = ParseHtkScpLine("dir.v1/utt2.plp", "/scp");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->key, "dir.v1/utt2");
+  EXPECT_FALSE(b->has_range);
+  auto c = ParseHtkScpLine("u3=.../feats/u3.htk\r", "/corpus");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->path, "/corpus/feats/u3.htk");
+  for (const char* bad : {"u=x[5,3]", "u=x[a,3]", "u=x[3]", "u=", "u=x[-1,3]"}) EXPECT_FALSE(ParseHtkScpLine(bad, "/").ok()) << bad;
+  EXPECT_EQ(MlfKey("\"*/utt7.lab\""), "utt7");
+  EXPECT_EQ(MlfKey("\"a/b.c/utt8.rec\""), "a/b.c/utt8");
+}
+
+TEST(Htk, CompressedFilesContextWindowsAndJoinByPattern) {
+  TempDir dir;
+  // _C: dim 2; A = (2, 4), B = (1, 0); frames x = (3, 8), (5, -4): values (x + B) / A.
+  std::string c = BigEndianHtk(4 + 2, 100000, 4, 9 | 02000, {2, 4, 1, 0});
+  for (int16_t x : {3, 8, 5, -4}) {
+    const uint16_t be = __builtin_bswap16(static_cast<uint16_t>(x));
+    c.append(reinterpret_cast<const char*>(&be), 2);
+  }
+  dir.Write("c.htk", c);
+  dir.Write("f.scp", "uttA.mfc=.../c.htk[0,1]\n");
+  dir.Write("l.mlf", "#!MLF!#\n\"*/uttA.lab\"\n0 100000 b\n100000 200000 a\n.\n");
+  dir.Write("s.list", "a\nb\n");
+  const std::string yaml = R"(
+datasets:
+  h:
+    randomize: false
+    deserializers:
+      - type: HTKFeature
+        input: {x: {scpFile: f.scp, dim: 6, contextWindow: 3}}
+      - type: HTKMLF
+        input: {y: {mlfFile: l.mlf, labelMappingFile: s.list, labelDim: 2, format: ids}}
+)";
+  const std::string path = dir.Write("c.yaml", yaml);
+  auto config = LoadConfigFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto dump = DumpDataset(config->datasets[0], ReadOptions());
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  // Frame 0 = (2, 2), frame 1 = (3, -1); windows of 3 replicate the edges.
+  EXPECT_EQ(*dump,
+            "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2,2,2,3,-1],[2,2,3,-1,3,-1]]},"
+            "\"y\":{\"ids\":[[1],[0]]}}}\n");
+}
+
+TEST(Htk, MlfErrorsAndSkippedUtterances) {
+  Diagnostics diag(1, [](Severity, const std::string&) {});
+  const std::vector<std::string> states = {"a", "b"};
+  EXPECT_FALSE(ParseMlf("\"x\"\n0 1 a\n.\n", "m", states, 100000, &diag).ok());            // no header
+  EXPECT_FALSE(ParseMlf("#!MLF!#\n\"x\"\n0 1 c\n.\n", "m", states, 100000, &diag).ok());   // unknown label
+  EXPECT_FALSE(ParseMlf("#!MLF!#\n\"x\"\n0 1 a\n", "m", states, 100000, &diag).ok());      // no '.'
+  auto bad = ParseMlf("#!MLF!#\n\"x\"\n0 1 a\n5 6 a\n.\n", "m", states, 100000, &diag);
+  ASSERT_FALSE(ParseMlf("#!MLF!#\n\"x\"\n0 z a\n.\n", "m.mlf", states, 100000, &diag).ok());
+  const std::string msg(ParseMlf("#!MLF!#\n\"x\"\n0 z a\n.\n", "m.mlf", states, 100000, &diag).status().message());
+  EXPECT_NE(msg.find("m.mlf:3:"), std::string::npos) << msg;
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->utterances.size(), 0u);  // a gap: the utterance is dropped (warned)
+  EXPECT_EQ(bad->dropped, 1u);
+  // Frame numbers when a range is shorter than a frame's worth of 100 ns units.
+  auto frames = ParseMlf("#!MLF!#\n\"x\"\n0 3 a\n3 5 b\n.\n#!MLF!#\n\"y\"\n0 200000 b\n.\n", "m", states, 100000, &diag);
+  ASSERT_TRUE(frames.ok()) << frames.status();
+  ASSERT_EQ(frames->utterances.size(), 2u);
+  EXPECT_EQ(frames->utterances[0].frames, 5u);
+  EXPECT_EQ(frames->utterances[1].frames, 2u);
+  // Every truncation of the binary MLF ends in an error or a prefix, never a crash.
+  const std::string binary = ReadFile(SpeechDir() + "/mlf2.bin").substr(0, 4000);
+  for (size_t n = 0; n < binary.size(); n += 3) (void)ParseMlf(binary.substr(0, n), "b", {}, 100000, &diag);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
