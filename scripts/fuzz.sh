@@ -8,8 +8,8 @@ seconds="${1:-20}"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCONVEYOR_BUILD_FUZZERS=ON -DCONVEYOR_BUILD_TESTS=OFF -DCONVEYOR_BUILD_BENCHMARKS=OFF \
   -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_SERVICE=OFF -DCONVEYOR_SANITIZE=address,undefined >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer
-for f in ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer; do
+cmake --build build-fuzz -j "$(nproc)" --target ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer
+for f in ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer; do
   corpus="build-fuzz/corpus-$f"
   mkdir -p "$corpus"
   cp -n tests/fuzz/corpus/"$f"/* "$corpus"/ 2>/dev/null || true
