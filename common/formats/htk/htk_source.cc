@@ -7,22 +7,13 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
+#include "common/text_lines.h"
 
 namespace conveyor {
 namespace {
 
-inline absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
-  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 template <typename T>
 T Load(const char* p, bool big_endian) {
@@ -100,7 +91,7 @@ absl::StatusOr<HtkHeader> ParseHtkHeader(std::string_view bytes, const std::stri
 }
 
 absl::StatusOr<HtkScpEntry> ParseHtkScpLine(std::string_view line, const std::string& scp_dir) {
-  line = Trim(line);
+  line = TrimCSpace(line);
   HtkScpEntry e;
   std::string_view logical, physical = line;
   const size_t eq = line.find('=');
@@ -108,18 +99,18 @@ absl::StatusOr<HtkScpEntry> ParseHtkScpLine(std::string_view line, const std::st
     logical = line.substr(0, eq);
     physical = line.substr(eq + 1);
   }
-  physical = Trim(physical);
+  physical = TrimCSpace(physical);
   if (!physical.empty() && physical.back() == ']') {
     const size_t open = physical.rfind('[');
     if (open == std::string_view::npos) return absl::InvalidArgumentError("']' without '['");
     const std::string_view range = physical.substr(open + 1, physical.size() - open - 2);
     const size_t comma = range.find(',');
-    if (comma == std::string_view::npos || !ParseInt(Trim(range.substr(0, comma)), &e.first) ||
-        !ParseInt(Trim(range.substr(comma + 1)), &e.last) || e.first < 0 || e.last < e.first) {
+    if (comma == std::string_view::npos || !ParseInt(TrimCSpace(range.substr(0, comma)), &e.first) ||
+        !ParseInt(TrimCSpace(range.substr(comma + 1)), &e.last) || e.first < 0 || e.last < e.first) {
       return absl::InvalidArgumentError(absl::StrCat("bad frame range '[", AV(range), "]' (expected [first,last], inclusive, first <= last)"));
     }
     e.has_range = true;
-    physical = Trim(physical.substr(0, open));
+    physical = TrimCSpace(physical.substr(0, open));
   }
   if (physical.empty()) return absl::InvalidArgumentError("no file name");
   if (physical.substr(0, 4) == ".../") {
@@ -127,13 +118,13 @@ absl::StatusOr<HtkScpEntry> ParseHtkScpLine(std::string_view line, const std::st
   } else {
     e.path = std::string(physical);
   }
-  e.key = StripExtension(logical.empty() ? physical : Trim(logical));
+  e.key = StripExtension(logical.empty() ? physical : TrimCSpace(logical));
   if (e.key.empty()) return absl::InvalidArgumentError("empty utterance id");
   return e;
 }
 
 std::string MlfKey(std::string_view q) {
-  q = Trim(q);
+  q = TrimCSpace(q);
   if (q.size() >= 2 && q.front() == '"' && q.back() == '"') q = q.substr(1, q.size() - 2);
   if (q.substr(0, 2) == "*/") q.remove_prefix(2);
   return StripExtension(q);
@@ -191,19 +182,14 @@ absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path
   std::unordered_map<std::string_view, uint32_t> state_index;
   for (size_t i = 0; i < states.size(); ++i) state_index.emplace(states[i], static_cast<uint32_t>(i));
   MlfFile out;
-  uint64_t line_no = 0;
-  size_t at = 0;
+  LineReader lines(bytes);
   bool header = false;
   auto next_line = [&](std::string_view* line) {
-    if (at >= bytes.size()) return false;
-    size_t eol = bytes.find('\n', at);
-    if (eol == std::string_view::npos) eol = bytes.size();
-    *line = Trim(bytes.substr(at, eol - at));
-    at = eol + 1;
-    ++line_no;
+    if (!lines.Next(line)) return false;
+    *line = TrimCSpace(*line);
     return true;
   };
-  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path, ":", line_no, ": ", why)); };
+  auto bad = [&](const std::string& why) { return absl::DataLossError(absl::StrCat(path, ":", lines.line_no(), ": ", why)); };
   std::string_view line;
   while (next_line(&line)) {
     if (line.empty()) continue;
@@ -226,9 +212,9 @@ absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path
       if (line.empty()) continue;
       std::vector<std::string_view> tok;
       for (size_t i = 0; i < line.size();) {
-        while (i < line.size() && IsSpace(line[i])) ++i;
+        while (i < line.size() && IsCSpace(line[i])) ++i;
         size_t j = i;
-        while (j < line.size() && !IsSpace(line[j])) ++j;
+        while (j < line.size() && !IsCSpace(line[j])) ++j;
         if (j > i) tok.push_back(line.substr(i, j - i));
         i = j;
       }
@@ -253,7 +239,7 @@ absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path
       }
       if (valid && b != end_frame) {
         valid = false;
-        why = absl::StrCat("line ", line_no, " starts at frame ", b, ", the previous range ended at ", end_frame);
+        why = absl::StrCat("line ", lines.line_no(), " starts at frame ", b, ", the previous range ended at ", end_frame);
       }
       if (valid && e > b) u.runs.emplace_back(static_cast<uint32_t>(cls), static_cast<uint32_t>(e - b));
       end_frame = std::max(end_frame, e);
@@ -299,14 +285,11 @@ class HtkFeatureSource final : public KeyedSource {
     std::vector<Entry> all;
     int64_t feat_dim = -1, kind = -1;
     std::string first_error;
-    uint64_t line_no = 0;
-    size_t at = 0;
-    while (at < text.size()) {
-      size_t eol = text.find('\n', at);
-      if (eol == std::string::npos) eol = text.size();
-      const std::string_view line = Trim(std::string_view(text).substr(at, eol - at));
-      at = eol + 1;
-      ++line_no;
+    LineReader lines(text);
+    std::string_view raw;
+    while (lines.Next(&raw)) {
+      const std::string_view line = TrimCSpace(raw);
+      const uint64_t line_no = lines.line_no();
       if (line.empty()) continue;
       auto fail = [&](const std::string& why) -> absl::Status {
         const std::string message = absl::StrCat(scp_, ":", line_no, ": ", why);
@@ -481,13 +464,11 @@ class MlfSource final : public KeyedSource {
     if (!sc.label_mapping_file.empty()) {
       ASSIGN_OR_RETURN(std::string text, ReadFileToString(sc.label_mapping_file));
       std::unordered_map<std::string, size_t> seen;
-      size_t at = 0, line_no = 0;
-      while (at < text.size()) {
-        size_t eol = text.find('\n', at);
-        if (eol == std::string::npos) eol = text.size();
-        const std::string_view line = Trim(std::string_view(text).substr(at, eol - at));
-        at = eol + 1;
-        ++line_no;
+      LineReader lines(text);
+      std::string_view raw;
+      while (lines.Next(&raw)) {
+        const std::string_view line = TrimCSpace(raw);
+        const uint64_t line_no = lines.line_no();
         if (line.empty()) continue;
         if (!seen.emplace(std::string(line), line_no).second) {
           return absl::InvalidArgumentError(absl::StrCat(sc.label_mapping_file, ":", line_no, ": label '", AV(line),

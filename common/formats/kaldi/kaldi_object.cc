@@ -8,17 +8,13 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "common/text_lines.h"
 
 namespace conveyor::kaldi {
 namespace {
 
-// absl::StrCat takes absl::string_view, which this absl does not alias to std::string_view.
-inline absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// C-locale isspace; NUL is not whitespace (README 4).
-inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
 
 absl::Status Bad(uint64_t pos, std::string_view what) {
   return absl::DataLossError(absl::StrCat("byte ", pos, ": ", AV(what)));
@@ -88,7 +84,7 @@ bool ParseNumber(const char* p, const char* end, T* out, bool allow_overflow = f
   return allow_overflow || !std::isinf(*out);
 }
 
-inline bool EndsToken(char c) { return IsSpace(c) || c == ']' || c == ';'; }
+inline bool EndsToken(char c) { return IsCSpace(c) || c == ']' || c == ';'; }
 
 // Walks a text matrix or vector starting at `pos` (whitespace allowed before '['). Calls
 // `value(row, col, token_begin, token_end)` for every number when `value` is given; returns
@@ -101,7 +97,7 @@ struct TextShape {
 template <typename F>
 absl::StatusOr<TextShape> WalkText(std::string_view bytes, uint64_t pos, bool vector, F&& on_number) {
   const uint64_t n = bytes.size();
-  while (pos < n && IsSpace(bytes[pos])) ++pos;
+  while (pos < n && IsCSpace(bytes[pos])) ++pos;
   if (pos >= n || bytes[pos] != '[') {
     return Bad(pos, absl::StrCat("expected a binary object (\\0B) or a text ", vector ? "vector" : "matrix",
                                  " starting with '[', found ", Show(bytes, pos)));
@@ -133,7 +129,7 @@ absl::StatusOr<TextShape> WalkText(std::string_view bytes, uint64_t pos, bool ve
       ++pos;
       continue;
     }
-    if (IsSpace(c)) {
+    if (IsCSpace(c)) {
       ++pos;
       continue;
     }
@@ -283,12 +279,12 @@ absl::StatusOr<ObjectInfo> ScanObject(std::string_view bytes, uint64_t pos, Obje
     const uint64_t n = bytes.size();
     int64_t count = 0;
     while (p < n && bytes[p] != '\n') {
-      if (IsSpace(bytes[p])) {
+      if (IsCSpace(bytes[p])) {
         ++p;
         continue;
       }
       uint64_t e = p;
-      while (e < n && !IsSpace(bytes[e])) ++e;
+      while (e < n && !IsCSpace(bytes[e])) ++e;
       int32_t v;
       const char* b = bytes.data() + p;
       if (*b == '+') ++b;
@@ -444,12 +440,12 @@ void DecodeInt32Vector(std::string_view bytes, uint64_t pos, const ObjectInfo& i
   uint64_t p = pos;
   const uint64_t end = pos + info.size;
   while (p < end) {
-    if (IsSpace(bytes[p])) {
+    if (IsCSpace(bytes[p])) {
       ++p;
       continue;
     }
     uint64_t e = p;
-    while (e < end && !IsSpace(bytes[e])) ++e;
+    while (e < end && !IsCSpace(bytes[e])) ++e;
     const char* b = bytes.data() + p;
     if (*b == '+') ++b;
     int32_t v = 0;

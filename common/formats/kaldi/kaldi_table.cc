@@ -6,23 +6,14 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/text_lines.h"
 
 namespace conveyor::kaldi {
 namespace {
 
-// absl::StrCat takes absl::string_view, which this absl does not alias to std::string_view.
-inline absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-inline bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; }
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
-  while (!s.empty() && IsSpace(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 std::string Printable(std::string_view s, size_t max = 40) {
   std::string out;
@@ -45,7 +36,7 @@ bool ParseIndex(std::string_view s, int64_t* out) {
 
 // A pipe: `cmd |` (trailing whitespace allowed).
 bool IsPipe(std::string_view rx) {
-  rx = Trim(rx);
+  rx = TrimCSpace(rx);
   return !rx.empty() && rx.back() == '|';
 }
 
@@ -72,7 +63,7 @@ absl::StatusOr<Rspecifier> ParseRspecifier(std::string_view spec) {
   }
   int kinds = 0;
   for (absl::string_view ao : absl::StrSplit(AV(spec.substr(0, colon)), ',')) {
-    std::string_view o = Trim(std::string_view(ao.data(), ao.size()));
+    std::string_view o = TrimCSpace(std::string_view(ao.data(), ao.size()));
     if (o == "ark") r.scp = false, ++kinds;
     else if (o == "scp") r.scp = true, ++kinds;
     else if (o == "o") r.once = true;
@@ -94,7 +85,7 @@ absl::StatusOr<Rspecifier> ParseRspecifier(std::string_view spec) {
   if (kinds != 1) {
     return absl::InvalidArgumentError(absl::StrCat("rspecifier '", AV(spec), "': expected exactly one of 'ark' and 'scp' before ':'"));
   }
-  r.rxfilename = std::string(Trim(spec.substr(colon + 1)));
+  r.rxfilename = std::string(TrimCSpace(spec.substr(colon + 1)));
   if (r.rxfilename.empty()) return absl::InvalidArgumentError(absl::StrCat("rspecifier '", AV(spec), "' has no file name"));
   if (r.rxfilename == "-") {
     return absl::InvalidArgumentError(absl::StrCat("rspecifier '", AV(spec), "': standard input ('-') cannot be read by a daemon; name a file"));
@@ -168,7 +159,7 @@ absl::StatusOr<uint32_t> KaldiTable::SourceFor(const std::string& rx, const std:
     if (sources_[i].name == rx) return i;
   Source s;
   if (IsPipe(rx)) {
-    std::string cmd(Trim(rx));
+    std::string cmd(TrimCSpace(rx));
     cmd.pop_back();
     if (!allow_pipes_) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -251,10 +242,10 @@ absl::Status KaldiTable::ReadArchive(uint32_t src, const TableOptions& options) 
   const uint64_t n = bytes.size();
   uint64_t pos = 0, reported = 0;
   while (true) {
-    while (pos < n && IsSpace(bytes[pos])) ++pos;
+    while (pos < n && IsCSpace(bytes[pos])) ++pos;
     if (pos >= n) break;
     const uint64_t key_begin = pos;
-    while (pos < n && !IsSpace(bytes[pos])) ++pos;
+    while (pos < n && !IsCSpace(bytes[pos])) ++pos;
     std::string key(bytes.substr(key_begin, pos - key_begin));
     if (pos >= n) {
       // Kaldi reads a key that ends the file as a clean end of the archive.
@@ -305,14 +296,10 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> scp, MappedFile::Open(path));
   const std::string scp_dir = std::filesystem::path(path).parent_path().string();
   std::string_view text = scp->bytes();
-  uint64_t line_no = 0;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t eol = text.find('\n', at);
-    if (eol == std::string_view::npos) eol = text.size();
-    const std::string_view raw = text.substr(at, eol - at);
-    at = eol + 1;
-    ++line_no;
+  LineReader lines(text);
+  std::string_view raw;
+  while (lines.Next(&raw)) {
+    const uint64_t line_no = lines.line_no();
     auto fail = [&](const std::string& why) -> absl::Status {
       const std::string message = absl::StrCat(path, ":", line_no, ": ", why);
       if (spec_.permissive || (options.tolerate && options.tolerate(message))) {
@@ -322,15 +309,15 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
       }
       return absl::DataLossError(message);
     };
-    const std::string_view line = Trim(raw);
+    const std::string_view line = TrimCSpace(raw);
     if (line.empty()) {
       RETURN_IF_ERROR(fail("empty line (expected 'KEY RXFILENAME')"));
       continue;
     }
     size_t sp = 0;
-    while (sp < line.size() && !IsSpace(line[sp])) ++sp;
+    while (sp < line.size() && !IsCSpace(line[sp])) ++sp;
     const std::string key(line.substr(0, sp));
-    std::string_view rx = Trim(line.substr(sp));
+    std::string_view rx = TrimCSpace(line.substr(sp));
     if (rx.empty()) {
       RETURN_IF_ERROR(fail(absl::StrCat("key '", Printable(key), "' has no rxfilename")));
       continue;
@@ -402,7 +389,7 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
       e.window = *w;
     }
     entries_.push_back(std::move(e));
-    if (options.progress && (line_no & 1023) == 0) options.progress(at, text.size());
+    if (options.progress && (line_no & 1023) == 0) options.progress(lines.offset(), text.size());
   }
   if (options.progress) options.progress(text.size(), text.size());
   return absl::OkStatus();
