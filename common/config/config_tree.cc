@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <map>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -170,28 +171,7 @@ class BrainScriptParser {
         skipped.line = key_line;
         skipped.column = key_col;
         skipped.scalar = "<network definition>";
-        int depth = 0;
-        char quote = 0;
-        while (!AtEnd()) {
-          const char ch = Peek();
-          if (quote) {
-            if (ch == quote || ch == '\n') quote = 0;
-          } else if (ch == '#' || (ch == '/' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '/')) {
-            while (!AtEnd() && Peek() != '\n') Advance();
-            continue;
-          } else if (ch == '"' || ch == '\'') {
-            quote = ch;
-          } else if (ch == '(' || ch == '[' || ch == '{') {
-            ++depth;
-          } else if (ch == ')' || ch == ']' || ch == '}') {
-            if (--depth == 0) {
-              Advance();
-              break;
-            }
-          }
-          Advance();
-        }
-        if (depth != 0) return Error(absl::StrCat("the block '", key, "' is not closed"));
+        if (!ScanRaw(/*one_block=*/true)) return Error(absl::StrCat("the block '", key, "' is not closed"));
         map->map.emplace_back(key, std::move(skipped));
         continue;
       }
@@ -209,29 +189,12 @@ class BrainScriptParser {
         ConfigNode expr;
         expr.line = line_;
         expr.column = Column();
-        int depth = 0;
-        char quote = 0;
-        while (!AtEnd()) {
-          const char ch = Peek();
-          if (quote) {
-            if (ch == quote) quote = 0;
-          } else if (ch == '"' || ch == '\'') {
-            quote = ch;
-          } else if (ch == '(' || ch == '[' || ch == '{') {
-            ++depth;
-          } else if (ch == ')' || ch == ']' || ch == '}') {
-            if (depth == 0) break;
-            --depth;
-          } else if (depth == 0 && (ch == '\n' || ch == ';' || ch == '#')) {
-            break;
-          }
-          expr.scalar.push_back(ch);
-          Advance();
-        }
-        if (quote || depth > 0) {
+        std::optional<std::string> text = ScanRaw(/*one_block=*/false);
+        if (!text) {
           if (!parsed.ok()) return parsed.status();
           return Error(absl::StrCat("unbalanced brackets or quotes in the value of '", key, "'"));
         }
+        expr.scalar = std::move(*text);
         while (!expr.scalar.empty() && (expr.scalar.back() == ' ' || expr.scalar.back() == '\t' || expr.scalar.back() == '\r'))
           expr.scalar.pop_back();
         parsed = std::move(expr);
@@ -250,6 +213,42 @@ class BrainScriptParser {
       }
       if (!replaced) map->map.emplace_back(key, std::move(value));
     }
+  }
+
+  // Raw BrainScript text the loader does not model, quotes and comments respected (comments
+  // are left out). one_block: from an opening bracket through its match; else an expression,
+  // up to the end of its line (or ';', a comment, an unmatched closing bracket) outside
+  // brackets. nullopt when brackets or quotes are unbalanced at the end of the text.
+  std::optional<std::string> ScanRaw(bool one_block) {
+    std::string out;
+    int depth = 0;
+    char quote = 0;
+    while (!AtEnd()) {
+      const char ch = Peek();
+      const bool comment = !quote && (ch == '#' || (ch == '/' && pos_ + 1 < text_.size() && text_[pos_ + 1] == '/'));
+      if (!one_block && depth == 0 && !quote && (comment || ch == '\n' || ch == ';')) return out;
+      if (comment) {
+        while (!AtEnd() && Peek() != '\n') Advance();
+        continue;
+      }
+      if (quote) {
+        if (ch == quote) quote = 0;
+      } else if (ch == '"' || ch == '\'') {
+        quote = ch;
+      } else if (ch == '(' || ch == '[' || ch == '{') {
+        ++depth;
+      } else if (ch == ')' || ch == ']' || ch == '}') {
+        if (depth == 0) return out;  // an expression inside the caller's brackets ends here
+        if (--depth == 0 && one_block) {
+          Advance();
+          return out;
+        }
+      }
+      out.push_back(ch);
+      Advance();
+    }
+    if (quote || depth > 0) return std::nullopt;
+    return out;
   }
 
   absl::StatusOr<ConfigNode> ParseValue(char enclosing_close) {
