@@ -175,11 +175,9 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
           "dataset '", config_.name, "': a ", d.type, " deserializer cannot be joined by key with ",
           "keyed deserializers (composites join KaldiTable, HTKFeature and HTKMLF)"));
     }
-    std::function<void(uint64_t, uint64_t)> progress;
-    if (options.progress) progress = options.progress;
     std::unique_ptr<KeyedSource> src;
     if (d.type == "KaldiTable") {
-      ASSIGN_OR_RETURN(src, OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), progress));
+      ASSIGN_OR_RETURN(src, OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), options.progress));
     } else if (d.type == "HTKFeature") {
       ASSIGN_OR_RETURN(src, OpenHtkFeatureSource(d, d.base_dir, diagnostics_.get(), budget_.get()));
     } else {

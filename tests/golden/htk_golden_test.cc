@@ -212,6 +212,14 @@ datasets:
   EXPECT_EQ(*dump,
             "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2,2,2,3,-1],[2,2,3,-1,3,-1]]},"
             "\"y\":{\"ids\":[[1],[0]]}}}\n");
+  // Without a context window (dim = the files' 2 values) frames decode as they are.
+  std::string plain = yaml;
+  plain.replace(plain.find("dim: 6, contextWindow: 3"), 24, "dim: 2");
+  auto one = LoadConfigFile(dir.Write("c1.yaml", plain));
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto dump1 = DumpDataset(one->datasets[0], ReadOptions());
+  ASSERT_TRUE(dump1.ok()) << dump1.status();
+  EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
 }
 
 TEST(Htk, MlfErrorsAndSkippedUtterances) {

@@ -413,23 +413,34 @@ class HtkFeatureSource final : public KeyedSource {
     const HtkHeader& h = f.header;
     const char* base = f.map->bytes().data();
     const uint32_t d = feat_dim_;
-    // The utterance's frames as floats once, then the context windows from them.
-    std::vector<float> frames(static_cast<size_t>(e.frames) * d);
+    std::vector<T>& values = ps.values<T>();
+    const bool windowed = left_ > 0 || right_ > 0;
+    // Without a context window frames decode straight into the chunk; with one, once into
+    // floats, and the windows are copied from those.
+    std::vector<float> frames(windowed ? static_cast<size_t>(e.frames) * d : 0);
+    const size_t direct = values.size();
+    if (!windowed) values.resize(direct + static_cast<size_t>(e.frames) * d);
     for (int64_t t = 0; t < e.frames; ++t) {
       const char* p = base + h.data_offset + static_cast<uint64_t>(e.first + t) * static_cast<uint64_t>(h.sample_bytes);
-      float* o = frames.data() + t * d;
+      auto put = [&](uint32_t j, float v) {
+        if (windowed) frames[static_cast<size_t>(t) * d + j] = v;
+        else values[direct + static_cast<size_t>(t) * d + j] = static_cast<T>(v);
+      };
       if (h.compressed) {
         const char* a = base + 12;
         const char* b = a + 4 * d;
         for (uint32_t j = 0; j < d; ++j) {
           const float x = static_cast<float>(Load<int16_t>(p + 2 * j, h.big_endian));
-          o[j] = (x + Load<float>(b + 4 * j, h.big_endian)) / Load<float>(a + 4 * j, h.big_endian);
+          put(j, (x + Load<float>(b + 4 * j, h.big_endian)) / Load<float>(a + 4 * j, h.big_endian));
         }
       } else {
-        for (uint32_t j = 0; j < d; ++j) o[j] = Load<float>(p + 4 * j, h.big_endian);
+        for (uint32_t j = 0; j < d; ++j) put(j, Load<float>(p + 4 * j, h.big_endian));
       }
     }
-    std::vector<T>& values = ps.values<T>();
+    if (!windowed) {
+      ps.sequence_begin.push_back(ps.sequence_begin.back() + static_cast<uint64_t>(e.frames));
+      return absl::OkStatus();
+    }
     const uint64_t window = static_cast<uint64_t>(left_ + 1 + right_);
     size_t w = values.size();
     values.resize(w + static_cast<size_t>(e.frames) * window * d);
@@ -484,7 +495,6 @@ class MlfSource final : public KeyedSource {
     auto map = MappedFile::Open(path_);
     if (!map.ok()) return map.status();
     ASSIGN_OR_RETURN(MlfFile mlf, ParseMlf((*map)->bytes(), path_, states, sc.frame_shift, diag));
-    bytes_total_ = (*map)->bytes().size();
     skipped_ = mlf.dropped;
     for (MlfUtterance& u : mlf.utterances) {
       bool ok = true;
@@ -535,7 +545,7 @@ class MlfSource final : public KeyedSource {
   std::string path_;
   std::unique_ptr<MappedFile> map_;
   std::vector<MlfUtterance> utterances_;
-  uint64_t bytes_total_ = 0, skipped_ = 0;
+  uint64_t skipped_ = 0;
 };
 
 }  // namespace

@@ -150,12 +150,8 @@ absl::StatusOr<std::unique_ptr<KeyedSource>> OpenKaldiSource(const DeserializerC
   o.tolerate = [budget](const std::string&) { return budget->Spend(); };
   o.warn = [diagnostics](const std::string& w) { diagnostics->Report(Severity::kWarning, "kaldi", w); };
   o.progress = std::move(progress);
-  auto table = KaldiTable::Open(d.rspecifier, o);
-  if (!table.ok()) {
-    // Say which table when the message does not already (rspecifier errors do).
-    return table.status();
-  }
-  auto source = std::make_unique<KaldiSource>(std::move(*table), d);
+  ASSIGN_OR_RETURN(std::unique_ptr<KaldiTable> table, KaldiTable::Open(d.rspecifier, o));
+  auto source = std::make_unique<KaldiSource>(std::move(table), d);
   RETURN_IF_ERROR(source->Select(diagnostics, budget));
   return std::unique_ptr<KeyedSource>(std::move(source));
 }
