@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/kaldi/kaldi_cm_math.h"
 #include "common/status_macros.h"
 #include "common/text_lines.h"
 
@@ -315,16 +316,9 @@ absl::StatusOr<ObjectInfo> ScanObject(std::string_view bytes, uint64_t pos, Obje
   return info;
 }
 
-float CompressedPercentileToFloat(float min_value, float range, uint16_t v) {
-  return min_value + range * 1.52590218966964e-05F * static_cast<float>(v);
-}
+float CompressedPercentileToFloat(float min_value, float range, uint16_t v) { return CmPercentile(min_value, range, v); }
 
-float CompressedByteToFloat(float p0, float p25, float p75, float p100, uint8_t v) {
-  if (v <= 64) return static_cast<float>(p0 + static_cast<double>((p25 - p0) * static_cast<float>(v)) * (1 / 64.0));
-  if (v <= 192)
-    return static_cast<float>(p25 + static_cast<double>((p75 - p25) * static_cast<float>(v - 64)) * (1 / 128.0));
-  return static_cast<float>(p75 + static_cast<double>((p100 - p75) * static_cast<float>(v - 192)) * (1 / 63.0));
-}
+float CompressedByteToFloat(float p0, float p25, float p75, float p100, uint8_t v) { return CmByte(p0, p25, p75, p100, v); }
 
 template <typename T>
 void DecodeMatrix(std::string_view bytes, uint64_t pos, const ObjectInfo& info, const Window& w, T* out) {
@@ -375,25 +369,21 @@ void DecodeMatrix(std::string_view bytes, uint64_t pos, const ObjectInfo& info, 
       return;
     }
     case ObjectType::kCompressed2: {
-      const float inc = static_cast<float>(static_cast<double>(info.range) * (1.0 / 65535.0));
+      const float inc = Cm2Increment(info.range);
       const char* data = base + 2 + 4 + 16;
       for (int64_t r = 0; r < w.rows; ++r) {
         const char* row = data + 2 * ((w.row0 + r) * C + w.col0);
         T* o = out + r * w.cols;
         for (int64_t c = 0; c < w.cols; ++c) {
-          const float prod = static_cast<float>(Load<uint16_t>(row + 2 * c)) * inc;
-          o[c] = static_cast<T>(info.min_value + prod);
+          o[c] = static_cast<T>(CmLinear(info.min_value, inc, Load<uint16_t>(row + 2 * c)));
         }
       }
       return;
     }
     case ObjectType::kCompressed3: {
-      const float inc = static_cast<float>(static_cast<double>(info.range) * (1.0 / 255.0));
+      const float inc = Cm3Increment(info.range);
       float table[256];
-      for (int v = 0; v < 256; ++v) {
-        const float prod = static_cast<float>(v) * inc;
-        table[v] = info.min_value + prod;
-      }
+      for (int v = 0; v < 256; ++v) table[v] = CmLinear(info.min_value, inc, static_cast<uint32_t>(v));
       const uint8_t* data = reinterpret_cast<const uint8_t*>(base + 2 + 4 + 16);
       for (int64_t r = 0; r < w.rows; ++r) {
         const uint8_t* row = data + (w.row0 + r) * C + w.col0;

@@ -1,0 +1,304 @@
+// The host half of GPU assembly: building, packing and (for reference) running a program.
+#include "cuda/assembly_program.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace conveyor::gpu {
+namespace {
+
+uint64_t Align(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// Appends `bytes` of host-computed data to the staged host arrays; returns its offset.
+uint64_t AddHostArray(std::vector<std::byte>* arrays, const void* data, uint64_t bytes) {
+  const uint64_t at = Align(arrays->size(), 16);
+  arrays->resize(at + bytes);
+  if (bytes > 0) std::memcpy(arrays->data() + at, data, bytes);
+  return at;
+}
+
+// Adds a staged -> slot copy, merged with the previous one when both ends are contiguous,
+// split so no item exceeds kCopyItemBytes.
+void AddCopy(std::vector<CopyItem>* copies, uint64_t src, uint64_t dst, uint64_t bytes) {
+  while (bytes > 0) {
+    if (!copies->empty()) {
+      CopyItem& last = copies->back();
+      if (last.src + last.bytes == src && last.dst + last.bytes == dst && last.bytes < kCopyItemBytes) {
+        const uint64_t take = std::min(bytes, kCopyItemBytes - last.bytes);
+        last.bytes += take;
+        src += take, dst += take, bytes -= take;
+        continue;
+      }
+    }
+    const uint64_t take = std::min(bytes, kCopyItemBytes);
+    copies->push_back({src, dst, take});
+    src += take, dst += take, bytes -= take;
+  }
+}
+
+const void* ValuesAt(const ParsedStream& ps, Precision precision, uint64_t index) {
+  if (precision == Precision::kFloat) return ps.values_f32.data() + index;
+  return ps.values_f64.data() + index;
+}
+
+template <typename P>
+void ExclusiveScan(const P* counts, uint64_t n, P* out) {
+  P sum = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const P c = counts[i];
+    out[i] = sum;
+    sum += c;
+  }
+}
+
+template <typename T>
+void Scatter(const ScatterOp& op, const std::byte* staging, std::byte* slot) {
+  const auto* rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
+  const auto* values = reinterpret_cast<const T*>(staging + op.src_values);
+  T* column = reinterpret_cast<T*>(slot + op.dst);
+  for (uint64_t k = 0; k < op.nnz; ++k) column[rowind[k]] += values[k];
+}
+
+// CSC (cols x dim, int32 colptr) to CSR, entries of a row in column order (a stable
+// counting sort by row index), as the CPU assembler and cuSPARSE's csr2csc produce.
+void Transpose(const TransposeOp& op, uint64_t value_bytes, const std::byte* scratch, std::byte* slot) {
+  const auto* colptr = reinterpret_cast<const int32_t*>(scratch + op.csc_colptr);
+  const auto* rowind = reinterpret_cast<const int32_t*>(scratch + op.csc_rowind);
+  auto* rowptr = reinterpret_cast<int32_t*>(slot + op.rowptr);
+  auto* colind = reinterpret_cast<int32_t*>(slot + op.colind);
+  std::vector<int32_t> next(op.dim + 1, 0);
+  for (uint64_t k = 0; k < op.nnz; ++k) ++next[static_cast<uint64_t>(rowind[k]) + 1];
+  for (uint64_t r = 0; r < op.dim; ++r) next[r + 1] += next[r];
+  std::memcpy(rowptr, next.data(), (op.dim + 1) * sizeof(int32_t));
+  for (uint64_t c = 0; c < op.cols; ++c) {
+    for (int32_t k = colptr[c]; k < colptr[c + 1]; ++k) {
+      const int32_t at = next[static_cast<uint64_t>(rowind[k])]++;
+      colind[at] = static_cast<int32_t>(c);
+      std::memcpy(slot + op.values + static_cast<uint64_t>(at) * value_bytes,
+                  scratch + op.csc_values + static_cast<uint64_t>(k) * value_bytes, value_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  if (pieces.size() != plan.pieces.size() || plan.counts.size() != pieces.size() * plan.streams.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("the batch plan has ", plan.pieces.size(), " pieces; ",
+                                                   pieces.size(), " were given"));
+  }
+  AssemblyProgram prog;
+  prog.precision = plan.precision;
+  prog.value_bytes = plan.precision == Precision::kFloat ? 4 : 8;
+  prog.slot_bytes = plan.total_bytes;
+  const uint64_t vb = prog.value_bytes;
+  const uint64_t rows = plan.shape.rows;
+
+  // Host-computed arrays: BPTT mask and flags, lengths, per-column nnz.
+  if (plan.mask.present()) {
+    const uint64_t T = plan.shape.steps;
+    std::vector<uint8_t> mask(rows * T, 0), flags(rows * T, 0);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const uint32_t c = plan.pieces[i].longest;
+      const uint64_t at = pieces[i].row * T + pieces[i].t0;
+      if (at + c > mask.size()) return absl::InvalidArgumentError("a BPTT piece lies outside the batch");
+      std::memset(mask.data() + at, 1, c);
+      if (c > 0 && pieces[i].begins) flags[at] |= 1;
+      if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
+    }
+    AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, mask.data(), mask.size()), plan.mask.offset, mask.size());
+    AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, flags.data(), flags.size()), plan.flags.offset, flags.size());
+  }
+  std::vector<uint64_t> scan_of(plan.streams.size(), UINT64_MAX);
+  for (size_t s = 0; s < plan.streams.size(); ++s) {
+    const StreamLayout& L = plan.streams[s];
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    if (L.lengths.present()) {
+      std::vector<int32_t> lengths(rows, 0);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
+        lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
+      }
+      AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, lengths.data(), rows * 4), L.lengths.offset, rows * 4);
+    }
+    if (L.format != StreamFormat::kSparse || L.dense_values()) continue;
+    if (L.csr() && L.nnz > static_cast<uint64_t>(INT32_MAX)) {
+      return absl::ResourceExhaustedError(absl::StrCat("stream '", L.name, "': ", L.nnz,
+                                                       " entries are too many for CSR on the device (int32 offsets)"));
+    }
+    const uint64_t cols = L.columns(rows);
+    const bool wide = L.csc() && L.colptr.dtype == DType::kInt64;
+    std::vector<int64_t> counts(cols + 1, 0);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PieceRef& p = pieces[i];
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      const uint64_t first = p.row * T + p.t0;
+      if (first + c > cols) return absl::InvalidArgumentError("a piece lies outside the batch");
+      const ParsedStream& ps = p.chunk->streams[s];
+      for (uint32_t t = 0; t < c; ++t) counts[first + t] = static_cast<int64_t>(ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t]);
+    }
+    ScanOp scan;
+    scan.cols = cols;
+    scan.wide = wide;
+    if (wide) {
+      scan.counts = AddHostArray(&prog.host_arrays, counts.data(), (cols + 1) * 8);
+    } else {
+      std::vector<int32_t> narrow(counts.begin(), counts.end());
+      scan.counts = AddHostArray(&prog.host_arrays, narrow.data(), (cols + 1) * 4);
+    }
+    if (L.csr()) {
+      TransposeOp tr;
+      tr.cols = cols;
+      tr.dim = L.dim;
+      tr.nnz = L.nnz;
+      tr.csc_colptr = Align(prog.scratch_bytes, kArrayAlignment);
+      tr.csc_rowind = Align(tr.csc_colptr + (cols + 1) * 4, kArrayAlignment);
+      tr.csc_values = Align(tr.csc_rowind + L.nnz * 4, kArrayAlignment);
+      prog.scratch_bytes = Align(tr.csc_values + L.nnz * vb, kArrayAlignment);
+      tr.rowptr = L.rowptr.offset;
+      tr.colind = L.colind.offset;
+      tr.values = L.values.offset;
+      scan.colptr = tr.csc_colptr;
+      scan.in_scratch = 1;
+      prog.transposes.push_back(tr);
+    } else {
+      scan.colptr = L.colptr.offset;
+    }
+    scan_of[s] = prog.scans.size();
+    prog.scans.push_back(scan);
+  }
+
+  // Chunk data, packed piece by piece after the host arrays.
+  uint64_t cursor = prog.host_arrays.size();
+  auto pack = [&](const void* src, uint64_t bytes) {
+    cursor = Align(cursor, 16);
+    const uint64_t at = cursor;
+    if (bytes > 0) prog.packs.push_back({src, at, bytes});
+    cursor += bytes;
+    return at;
+  };
+  for (size_t s = 0; s < plan.streams.size(); ++s) {
+    const StreamLayout& L = plan.streams[s];
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const PieceRef& p = pieces[i];
+      const ParsedStream& ps = p.chunk->streams[s];
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      if (c == 0) continue;
+      const uint64_t col = p.row * T + p.t0;
+      if (L.ids()) {
+        AddCopy(&prog.copies, pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
+      } else if (L.format == StreamFormat::kDense) {
+        const uint64_t bytes = uint64_t{c} * L.dim * vb;
+        AddCopy(&prog.copies, pack(ValuesAt(ps, prog.precision, b * L.dim), bytes), L.values.offset + col * L.dim * vb, bytes);
+      } else {
+        const uint64_t nb = ps.nnz_begin[b], nnz = ps.nnz_begin[b + c] - nb;
+        if (nnz == 0) continue;
+        const uint64_t rowind = pack(ps.indices.data() + nb, nnz * 4);
+        const uint64_t values = pack(ValuesAt(ps, prog.precision, nb), nnz * vb);
+        if (L.dense_values()) {
+          for (uint32_t t = 0; t < c; ++t) {
+            const uint64_t k0 = ps.nnz_begin[b + t] - nb, n = ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t];
+            if (n > 0) prog.scatters.push_back({rowind + k0 * 4, values + k0 * vb, n, L.values.offset + (col + t) * L.dim * vb});
+          }
+          continue;
+        }
+        const ScanOp& scan = prog.scans[scan_of[s]];
+        CscPieceOp op;
+        op.src_rowind = rowind;
+        op.src_values = values;
+        op.nnz = nnz;
+        op.first_col = col;
+        op.colptr = scan.colptr;
+        op.wide = scan.wide;
+        op.in_scratch = scan.in_scratch;
+        if (scan.in_scratch) {
+          const TransposeOp& tr = *std::find_if(prog.transposes.begin(), prog.transposes.end(),
+                                                [&](const TransposeOp& t) { return t.csc_colptr == scan.colptr; });
+          op.rowind = tr.csc_rowind;
+          op.values = tr.csc_values;
+        } else {
+          op.rowind = L.rowind.offset;
+          op.values = L.values.offset;
+        }
+        prog.csc_pieces.push_back(op);
+      }
+    }
+  }
+  prog.payload_bytes = Align(cursor, 16);
+  prog.copies_at = prog.payload_bytes;
+  prog.csc_pieces_at = Align(prog.copies_at + prog.copies.size() * sizeof(CopyItem), 16);
+  prog.scatters_at = Align(prog.csc_pieces_at + prog.csc_pieces.size() * sizeof(CscPieceOp), 16);
+  prog.staging_bytes = Align(prog.scatters_at + prog.scatters.size() * sizeof(ScatterOp), 16);
+  return prog;
+}
+
+void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
+  if (!prog.host_arrays.empty()) std::memcpy(staging, prog.host_arrays.data(), prog.host_arrays.size());
+  for (const HostPack& p : prog.packs) std::memcpy(staging + p.dst, p.src, p.bytes);
+  if (!prog.copies.empty()) std::memcpy(staging + prog.copies_at, prog.copies.data(), prog.copies.size() * sizeof(CopyItem));
+  if (!prog.csc_pieces.empty()) {
+    std::memcpy(staging + prog.csc_pieces_at, prog.csc_pieces.data(), prog.csc_pieces.size() * sizeof(CscPieceOp));
+  }
+  if (!prog.scatters.empty()) std::memcpy(staging + prog.scatters_at, prog.scatters.data(), prog.scatters.size() * sizeof(ScatterOp));
+}
+
+void RunProgramOnHost(const AssemblyProgram& prog, const std::byte* staging, std::byte* scratch, std::byte* slot) {
+  std::memset(slot, 0, prog.slot_bytes);
+  // Descriptors are read back from the staging buffer, as the kernels read them.
+  const auto* copies = reinterpret_cast<const CopyItem*>(staging + prog.copies_at);
+  for (size_t i = 0; i < prog.copies.size(); ++i) std::memcpy(slot + copies[i].dst, staging + copies[i].src, copies[i].bytes);
+  for (const ScanOp& scan : prog.scans) {
+    std::byte* base = scan.in_scratch ? scratch : slot;
+    if (scan.wide) {
+      ExclusiveScan(reinterpret_cast<const int64_t*>(staging + scan.counts), scan.cols + 1,
+                    reinterpret_cast<int64_t*>(base + scan.colptr));
+    } else {
+      ExclusiveScan(reinterpret_cast<const int32_t*>(staging + scan.counts), scan.cols + 1,
+                    reinterpret_cast<int32_t*>(base + scan.colptr));
+    }
+  }
+  const auto* ops = reinterpret_cast<const CscPieceOp*>(staging + prog.csc_pieces_at);
+  for (size_t i = 0; i < prog.csc_pieces.size(); ++i) {
+    const CscPieceOp& op = ops[i];
+    std::byte* base = op.in_scratch ? scratch : slot;
+    const uint64_t at = op.wide ? static_cast<uint64_t>(reinterpret_cast<const int64_t*>(base + op.colptr)[op.first_col])
+                                : static_cast<uint64_t>(reinterpret_cast<const int32_t*>(base + op.colptr)[op.first_col]);
+    std::memcpy(base + op.rowind + at * 4, staging + op.src_rowind, op.nnz * 4);
+    std::memcpy(base + op.values + at * prog.value_bytes, staging + op.src_values, op.nnz * prog.value_bytes);
+  }
+  const auto* scatters = reinterpret_cast<const ScatterOp*>(staging + prog.scatters_at);
+  for (size_t i = 0; i < prog.scatters.size(); ++i) {
+    if (prog.value_bytes == 4) Scatter<float>(scatters[i], staging, slot);
+    else Scatter<double>(scatters[i], staging, slot);
+  }
+  for (const TransposeOp& tr : prog.transposes) Transpose(tr, prog.value_bytes, scratch, slot);
+}
+
+namespace {
+
+class HostProgramAssembler final : public BatchAssembler {
+ public:
+  const char* name() const override { return "host-program"; }
+  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
+    if (dst.size() < plan.total_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes, " bytes, the slot has ", dst.size()));
+    }
+    absl::StatusOr<AssemblyProgram> prog = BuildAssemblyProgram(plan, pieces);
+    if (!prog.ok()) return prog.status();
+    std::vector<std::byte> staging(prog->staging_bytes), scratch(prog->scratch_bytes);
+    PackStaging(*prog, staging.data());
+    RunProgramOnHost(*prog, staging.data(), scratch.data(), dst.data());
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<BatchAssembler> MakeHostProgramAssembler() { return std::make_unique<HostProgramAssembler>(); }
+
+}  // namespace conveyor::gpu

@@ -1,0 +1,50 @@
+// cuda_assembler.h: the CUDA BatchAssembler. The host builds an AssemblyProgram
+// (assembly_program.h) and packs it into one of two pinned staging buffers; one H2D copy
+// sends it; kernels zero the slot, copy dense values/ids/lengths/mask/flags, scan per-column
+// nnz into colptr (Thrust), scatter CSC pieces, sum sparse samples into dense columns;
+// cuSPARSE transposes CSR streams. Everything runs on the assembler's own stream; while
+// the device assembles batch k the host packs batch k+1 into the other staging buffer
+// (an event guards each buffer's reuse). Batches are bit-identical to the CPU assembler's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/batch/assembler.h"
+
+namespace conveyor::gpu {
+
+struct CudaAssemblerOptions {
+  int device = 0;
+  // Initial size of each of the two pinned staging buffers and their device mirrors; a
+  // larger batch grows them (once, logged), so steady state never allocates.
+  uint64_t staging_bytes = uint64_t{32} << 20;
+};
+
+class CudaAssembler final : public BatchAssembler {
+ public:
+  // Errors: Unimplemented (no CUDA backend in this build), FailedPrecondition (no such
+  // device), Internal (a CUDA call failed: file, line, call, error).
+  static absl::StatusOr<std::unique_ptr<CudaAssembler>> Create(const CudaAssemblerOptions& options);
+  ~CudaAssembler() override;
+
+  const char* name() const override { return "cuda"; }
+  // `dst` may be device memory (assembled in place) or host memory (assembled in device
+  // memory, then copied back). Returns when the batch is complete.
+  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override;
+  // Enqueues the batch into device memory `device_dst` (plan.total_bytes bytes) and returns
+  // once the host's part is done; the pieces' chunks may be released then. Synchronize()
+  // (or a later Assemble) waits for the device.
+  absl::Status AssembleAsync(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* device_dst);
+  absl::Status Synchronize();
+  int device() const;
+
+ private:
+  struct Impl;
+  explicit CudaAssembler(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace conveyor::gpu

@@ -1,0 +1,126 @@
+// The CUDA assembler's host half: programs built from generated batches, run on the host,
+// give exactly the CPU assembler's bytes (what the kernels must then reproduce on the
+// device); copy items merge and split as promised; bad input is refused.
+#include "cuda/assembly_program.h"
+
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/batch_cases.h"
+
+namespace conveyor::gpu {
+namespace {
+
+using conveyor::testing::MakeBatchCase;
+using conveyor::testing::StandardCases;
+
+std::vector<std::byte> AssembleWith(BatchAssembler& assembler, const BatchPlan& plan, const std::vector<PieceRef>& pieces) {
+  std::vector<std::byte> out(plan.total_bytes, std::byte{0xAB});  // garbage: every byte must be written
+  absl::Status st = assembler.Assemble(plan, pieces, absl::MakeSpan(out));
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+TEST(AssemblyProgram, HostRunEqualsTheCpuAssemblerOnEveryStandardCase) {
+  auto cpu = MakeCpuAssembler();
+  auto program = MakeHostProgramAssembler();
+  for (const auto& spec : StandardCases()) {
+    for (uint64_t seed : {1, 2, 3}) {
+      SCOPED_TRACE(spec.name + " seed " + std::to_string(seed));
+      auto c = MakeBatchCase(spec, seed);
+      auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const std::vector<std::byte> want = AssembleWith(*cpu, *plan, c.pieces);
+      const std::vector<std::byte> got = AssembleWith(*program, *plan, c.pieces);
+      ASSERT_EQ(got.size(), want.size());
+      size_t first = 0;
+      while (first < want.size() && got[first] == want[first]) ++first;
+      EXPECT_EQ(first, want.size()) << "first differing byte " << first << " of " << want.size();
+    }
+  }
+}
+
+TEST(AssemblyProgram, TheStandardCasesCoverWhatTheyClaim) {
+  bool csc = false, csr = false, dense_sparse = false, ids = false, nnz0 = false, wide8192 = false, dim1e6 = false;
+  for (const auto& spec : StandardCases()) {
+    auto c = MakeBatchCase(spec, 1);
+    auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const StreamLayout& L : plan->streams) {
+      csc |= L.csc();
+      csr |= L.csr();
+      ids |= L.ids();
+      dense_sparse |= L.format == StreamFormat::kSparse && L.dense_values();
+      nnz0 |= L.format == StreamFormat::kSparse && L.nnz == 0;
+      dim1e6 |= L.dim >= 1000000;
+    }
+    wide8192 |= plan->shape.rows == 8192;
+  }
+  EXPECT_TRUE(csc && csr && dense_sparse && ids && nnz0 && wide8192 && dim1e6);
+}
+
+TEST(AssemblyProgram, ConsecutiveRowsOfDenseFramesBecomeOneCopy) {
+  conveyor::testing::CaseSpec spec;
+  spec.rows = 100;
+  spec.mode = conveyor::testing::Mode::kFrame;
+  spec.streams = {{StreamFormat::kDense, 4}};
+  auto c = MakeBatchCase(spec, 5);
+  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+  ASSERT_TRUE(plan.ok());
+  auto prog = BuildAssemblyProgram(*plan, c.pieces);
+  ASSERT_TRUE(prog.ok()) << prog.status();
+  // 100 rows x 16 bytes, staged 16-aligned back to back: one copy item.
+  ASSERT_EQ(prog->copies.size(), 1u);
+  EXPECT_EQ(prog->copies[0].bytes, 1600u);
+  EXPECT_EQ(prog->copies[0].dst, plan->streams[0].values.offset);
+}
+
+TEST(AssemblyProgram, LongCopiesAreSplitIntoBoundedItems) {
+  conveyor::testing::CaseSpec spec;
+  spec.rows = 1;
+  spec.max_length = 1;
+  spec.mode = conveyor::testing::Mode::kFrame;
+  spec.streams = {{StreamFormat::kDense, 50000}};  // 200,000 bytes in one piece
+  auto c = MakeBatchCase(spec, 5);
+  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+  ASSERT_TRUE(plan.ok());
+  auto prog = BuildAssemblyProgram(*plan, c.pieces);
+  ASSERT_TRUE(prog.ok());
+  ASSERT_EQ(prog->copies.size(), 4u);  // 3 x 64 KiB + the rest
+  uint64_t total = 0;
+  for (const CopyItem& it : prog->copies) {
+    EXPECT_LE(it.bytes, kCopyItemBytes);
+    total += it.bytes;
+  }
+  EXPECT_EQ(total, 200000u);
+}
+
+TEST(AssemblyProgram, RefusesPiecesThatAreNotThePlans) {
+  conveyor::testing::CaseSpec spec;
+  spec.rows = 3;
+  spec.streams = {{StreamFormat::kDense, 2}};
+  auto c = MakeBatchCase(spec, 1);
+  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+  ASSERT_TRUE(plan.ok());
+  std::vector<PieceRef> fewer(c.pieces.begin(), c.pieces.end() - 1);
+  auto prog = BuildAssemblyProgram(*plan, fewer);
+  ASSERT_FALSE(prog.ok());
+  EXPECT_EQ(prog.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(prog.status().message().find("3 pieces; 2 were given"), std::string::npos) << prog.status();
+}
+
+TEST(AssemblyProgram, HostProgramAssemblerRefusesASmallSlot) {
+  conveyor::testing::CaseSpec spec;
+  spec.rows = 2;
+  spec.streams = {{StreamFormat::kDense, 2}};
+  auto c = MakeBatchCase(spec, 1);
+  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+  ASSERT_TRUE(plan.ok());
+  std::vector<std::byte> small(plan->total_bytes - 1);
+  absl::Status st = MakeHostProgramAssembler()->Assemble(*plan, c.pieces, absl::MakeSpan(small));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace conveyor::gpu

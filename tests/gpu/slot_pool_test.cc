@@ -1,0 +1,115 @@
+// Slot pools: back-pressure instead of allocation, release rules, closing; pinned and device
+// pools where a device exists.
+#include "cuda/slot_pool.h"
+
+#include <cstring>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace conveyor::gpu {
+namespace {
+
+TEST(SlotPool, HandsOutDistinctAlignedSlotsOfOneAllocation) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 1000, 3);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*pool)->slot_bytes(), 1024u);  // rounded up to 256
+  std::vector<Slot> slots;
+  for (int i = 0; i < 3; ++i) {
+    auto s = (*pool)->Acquire(absl::ZeroDuration());
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s->data) % 256, 0u);
+    EXPECT_EQ(s->data, (*pool)->base() + uint64_t{s->index} * 1024);
+    std::memset(s->data, i, s->bytes);  // the whole slot is ours
+    slots.push_back(*s);
+  }
+  EXPECT_NE(slots[0].index, slots[1].index);
+  EXPECT_NE(slots[1].index, slots[2].index);
+  EXPECT_EQ((*pool)->free_slots(), 0u);
+}
+
+TEST(SlotPool, AFullPoolIsBackPressureNotAnAllocation) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 256, 1);
+  ASSERT_TRUE(pool.ok());
+  auto a = (*pool)->Acquire(absl::ZeroDuration());
+  ASSERT_TRUE(a.ok());
+  auto b = (*pool)->Acquire(absl::Milliseconds(20));
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(b.status().message().find("all 1 host slots are still held"), std::string::npos) << b.status();
+  ASSERT_TRUE((*pool)->Release(a->index).ok());
+  auto c = (*pool)->Acquire(absl::ZeroDuration());
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->index, a->index);
+}
+
+TEST(SlotPool, AWaiterGetsTheSlotReleasedByAnotherThread) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 256, 1);
+  ASSERT_TRUE(pool.ok());
+  auto a = (*pool)->Acquire(absl::ZeroDuration());
+  ASSERT_TRUE(a.ok());
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    ASSERT_TRUE((*pool)->Release(a->index).ok());
+  });
+  auto b = (*pool)->Acquire(absl::Seconds(10));
+  releaser.join();
+  ASSERT_TRUE(b.ok()) << b.status();
+}
+
+TEST(SlotPool, ReleasingASlotNotHeldIsAnError) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 256, 2);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ((*pool)->Release(0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*pool)->Release(7).code(), absl::StatusCode::kFailedPrecondition);
+  auto a = (*pool)->Acquire(absl::ZeroDuration());
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE((*pool)->Release(a->index).ok());
+  EXPECT_EQ((*pool)->Release(a->index).code(), absl::StatusCode::kFailedPrecondition);  // twice
+}
+
+TEST(SlotPool, CloseWakesWaitersWithCancelled) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 256, 1);
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE((*pool)->Acquire(absl::ZeroDuration()).ok());
+  std::thread closer([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    (*pool)->Close();
+  });
+  auto b = (*pool)->Acquire(absl::Seconds(30));
+  closer.join();
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(SlotPool, RefusesEmptyAndAbsurdSizes) {
+  EXPECT_EQ(SlotPool::Create(MemoryKind::kHost, 0, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SlotPool::Create(MemoryKind::kHost, 256, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SlotPool::Create(MemoryKind::kHost, uint64_t{1} << 40, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SlotPool, PinnedAndDevicePoolsNeedTheBackend) {
+  if (CudaBuilt()) GTEST_SKIP() << "this build has the CUDA backend; see PinnedAndDevicePoolsAllocateOnce";
+  EXPECT_EQ(SlotPool::Create(MemoryKind::kPinned, 256, 2).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(SlotPool::Create(MemoryKind::kDevice, 256, 2).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(SlotPoolGpu, PinnedAndDevicePoolsAllocateOnce) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  for (MemoryKind kind : {MemoryKind::kPinned, MemoryKind::kDevice}) {
+    auto pool = SlotPool::Create(kind, 1 << 20, 4);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    std::vector<Slot> held;
+    for (int i = 0; i < 4; ++i) {
+      auto s = (*pool)->Acquire(absl::ZeroDuration());
+      ASSERT_TRUE(s.ok());
+      held.push_back(*s);
+    }
+    EXPECT_EQ((*pool)->Acquire(absl::Milliseconds(5)).status().code(), absl::StatusCode::kDeadlineExceeded);
+    for (const Slot& s : held) EXPECT_TRUE((*pool)->Release(s.index).ok());
+  }
+}
+
+}  // namespace
+}  // namespace conveyor::gpu
