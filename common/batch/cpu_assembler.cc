@@ -47,6 +47,7 @@ void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces
       ++col;
     }
     const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
+    if (ne == nb) continue;  // (an empty vector's data() may be null: no memcpy from it)
     std::memcpy(rowind + nnz, ps.indices.data() + nb, (ne - nb) * sizeof(int32_t));
     std::memcpy(values + nnz, ps.values<T>().data() + nb, (ne - nb) * sizeof(T));
     nnz += ne - nb;
@@ -75,6 +76,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       const PieceRef& p = pieces[i];
       uint64_t b;
       const uint32_t c = PieceSamples(p, s, &b);
+      if (c == 0) continue;
       std::memcpy(out + p.row * T_len + p.t0, p.chunk->streams[s].indices.data() + b, c * sizeof(int32_t));
     }
     return;
@@ -89,6 +91,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       uint64_t b;
       const uint32_t c = PieceSamples(p, s, &b);
       T* at = out + (p.row * T_len + p.t0) * row_values;
+      if (c == 0) continue;
       if (L.format == StreamFormat::kDense) {
         std::memcpy(at, ps.values<T>().data() + b * row_values, c * row_values * sizeof(T));
         continue;

@@ -1,0 +1,181 @@
+// gpu_bench: the GPU figures of issue 7, each next to its physical reference measured in
+// the same run (device/METHOD.md): a large device-to-device copy (bytes read + written), a
+// pinned host-to-device copy, then the CUDA assembler end to end (host packing included) on
+// generated batches, and Kaldi CM decoding on the device next to the CPU decoder on one core.
+// Medians of repeated runs after a warm-up. Prints a table; `--json` prints one JSON line.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/formats/kaldi/kaldi_object.h"
+#include "cuda/assembly_program.h"
+#include "cuda/cuda_assembler.h"
+#include "cuda/kaldi_cm_device.h"
+#include "cuda/slot_pool.h"
+#include "tests/gpu/batch_cases.h"
+
+namespace {
+
+#define CHECK_CUDA(x)                                                                              \
+  do {                                                                                             \
+    cudaError_t e = (x);                                                                           \
+    if (e != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));      \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds of one cudaMemcpyAsync, timed with events; median of `reps` after a warm-up.
+double TimeCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, int reps) {
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps + 2; ++i) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, s));
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 2) t.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return Median(t);
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string RandomCm(int rows, int cols, std::mt19937& rng) {
+  std::string s("\0BCM ", 5);
+  auto put = [&](auto v) { s.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(-10.0f);
+  put(20.0f);
+  put(static_cast<int32_t>(rows));
+  put(static_cast<int32_t>(cols));
+  for (int c = 0; c < cols; ++c) {
+    uint16_t p[4];
+    for (uint16_t& v : p) v = static_cast<uint16_t>(rng());
+    std::sort(p, p + 4);
+    for (uint16_t v : p) put(v);
+  }
+  for (int64_t i = 0; i < int64_t{rows} * cols; ++i) s.push_back(static_cast<char>(rng()));
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace conveyor;
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::fprintf(stderr, "gpu_bench: no CUDA device\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  // References: D2D copy (read + write counted) and pinned H2D.
+  const size_t big = size_t{1} << 30;
+  void *d0, *d1, *h;
+  CHECK_CUDA(cudaMalloc(&d0, big));
+  CHECK_CUDA(cudaMalloc(&d1, big));
+  CHECK_CUDA(cudaHostAlloc(&h, big / 4, cudaHostAllocDefault));
+  CHECK_CUDA(cudaMemset(d0, 1, big));
+  std::memset(h, 1, big / 4);
+  const double d2d = 2.0 * big / TimeCopy(d1, d0, big, cudaMemcpyDeviceToDevice, s, 10) / 1e9;
+  const double h2d = (big / 4.0) / TimeCopy(d1, h, big / 4, cudaMemcpyHostToDevice, s, 10) / 1e9;
+  cudaFree(d1);
+  cudaFreeHost(h);
+
+  std::printf("device: %s\nreference: D2D copy %.0f GB/s (read+write), pinned H2D %.1f GB/s\n", prop.name, d2d, h2d);
+  std::printf("%-22s %10s %12s %12s %10s %10s\n", "case", "slot MB", "batches/s", "slot GB/s", "vs D2D", "H2D GB/s");
+  auto assembler = gpu::CudaAssembler::Create({});
+  if (!assembler.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(assembler.status().message()).c_str());
+    return 1;
+  }
+  std::string js = "{";
+  for (const auto& spec : testing::StandardCases()) {
+    if (spec.rows < 32) continue;
+    auto c = testing::MakeBatchCase(spec, 1);
+    auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+    if (!plan.ok()) return 1;
+    auto prog = gpu::BuildAssemblyProgram(*plan, c.pieces);
+    auto pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, plan->total_bytes, 4);
+    if (!pool.ok() || !prog.ok()) return 1;
+    std::vector<std::byte*> slots;
+    for (int i = 0; i < 4; ++i) slots.push_back((*pool)->Acquire(absl::ZeroDuration())->data);
+    const int reps = 200;
+    for (int i = 0; i < 10; ++i) (void)(*assembler)->AssembleAsync(*plan, c.pieces, slots[i % 4]);
+    (void)(*assembler)->Synchronize();
+    const double t0 = Now();
+    for (int i = 0; i < reps; ++i) {
+      absl::Status st = (*assembler)->AssembleAsync(*plan, c.pieces, slots[i % 4]);
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+        return 1;
+      }
+    }
+    (void)(*assembler)->Synchronize();
+    const double sec = (Now() - t0) / reps;
+    const double gbs = plan->total_bytes / sec / 1e9;
+    std::printf("%-22s %10.2f %12.0f %12.2f %9.1f%% %10.2f\n", spec.name.c_str(), plan->total_bytes / 1e6, 1 / sec, gbs,
+                100 * gbs / d2d, prog->staging_bytes / sec / 1e9);
+    js += "\"" + spec.name + "\": {\"batches_per_s\": " + std::to_string(1 / sec) + ", \"slot_gb_s\": " + std::to_string(gbs) + "}, ";
+  }
+
+  // Kaldi CM: device decode vs the CPU decoder (one core) on the same 64 matrices.
+  std::mt19937 rng(1);
+  std::vector<std::string> objects;
+  std::vector<gpu::CompressedJob> jobs;
+  uint64_t floats = 0, bytes = 0;
+  for (int i = 0; i < 64; ++i) objects.push_back(RandomCm(1000, 40, rng));
+  for (const std::string& o : objects) {
+    auto info = kaldi::ScanObject(o, 0, kaldi::ObjectKind::kMatrix);
+    if (!info.ok()) return 1;
+    jobs.push_back({o, 0, *info, floats});
+    floats += info->rows * info->cols;
+    bytes += o.size();
+  }
+  auto decoder = gpu::DeviceCmDecoder::Create(0);
+  if (!decoder.ok()) return 1;
+  float* out;
+  CHECK_CUDA(cudaMalloc(&out, floats * sizeof(float)));
+  std::vector<double> dev_t, cpu_t;
+  std::vector<float> host(floats);
+  for (int i = 0; i < 22; ++i) {
+    double t0 = Now();
+    if (!(*decoder)->Decode(jobs, out).ok()) return 1;
+    if (i >= 2) dev_t.push_back(Now() - t0);
+    t0 = Now();
+    for (const auto& j : jobs) kaldi::DecodeMatrix<float>(j.bytes, 0, j.info, {0, j.info.rows, 0, j.info.cols}, host.data() + j.out_offset);
+    if (i >= 2) cpu_t.push_back(Now() - t0);
+  }
+  const double dev = bytes / Median(dev_t) / 1e6, cpu = bytes / Median(cpu_t) / 1e6;
+  std::printf("Kaldi CM decode: device %.0f MB/s of archive (H2D included), CPU one core %.0f MB/s, ratio %.1f\n", dev, cpu,
+              dev / cpu);
+  js += "\"d2d_gb_s\": " + std::to_string(d2d) + ", \"h2d_gb_s\": " + std::to_string(h2d) + ", \"cm_device_mb_s\": " +
+        std::to_string(dev) + ", \"cm_cpu_mb_s\": " + std::to_string(cpu) + "}";
+  if (json) std::printf("%s\n", js.c_str());
+  cudaFree(out);
+  cudaFree(d0);
+  return 0;
+}
