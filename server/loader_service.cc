@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.h"
 #include "proto/wire.h"
 #include "server/status_convert.h"
 
@@ -80,7 +81,8 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   if (!resolved.ok()) return resolved.status();
   resolved_ = std::move(*resolved);
   resolved_.loader.pool = service_->pool_.get();
-  assembler_ = MakeCpuAssembler();
+  std::string note;
+  assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
   auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
   if (!loader.ok()) return loader.status();
   loader_ = std::move(*loader);

@@ -40,6 +40,8 @@ struct ServiceOptions {
   double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch
   Metrics* metrics = nullptr;          // not owned; optional
   std::string token;                   // non-empty: TCP calls need "authorization: Bearer <token>"
+  bool cuda_assembler = false;         // assemble on the GPU (falls back to the CPU, logged once)
+  int cuda_device = 0;
 };
 
 class LoaderService;

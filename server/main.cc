@@ -60,6 +60,13 @@ int main(int argc, char** argv) {
                  "Parser threads shared by all subscriptions: bounds the daemon's parsing CPU (default: the "
                  "config's server.parserThreads, else all cores)")
       ->check(CLI::Range(1, 1024));
+  std::string assembler = "cpu";
+  app.add_option("--assembler", assembler,
+                 "Who assembles batches: cpu (default) or cuda (GPU kernels, bit-identical batches; without a "
+                 "usable device the CPU serves and the startup line says why)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--device", options.cuda_device, "CUDA device for --assembler cuda (default 0)")
+      ->check(CLI::Range(0, 1023));
   app.add_option("--parser-threads-per-stream", parser_threads_per_stream,
                  "Chunks one subscription may parse at once (default: server.parserThreadsPerStream, else 2)")
       ->check(CLI::Range(1, 64));
@@ -161,6 +168,12 @@ int main(int argc, char** argv) {
     }
     if (tls_cert.empty()) std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
   }
+  // Decided once: without a usable device every subscription gets the CPU assembler, and the
+  // startup line says why.
+  std::string note;
+  options.cuda_assembler = assembler == "cuda";
+  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &note);
+  if (note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -181,8 +194,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!no_unix) ::chmod(unix_path.c_str(), 0600);  // same-host clients of this user only
-  std::string note;
-  conveyor::SelectAssembler(false, 0, &note);
   const std::string host = listen.substr(0, listen.rfind(':'));
   std::fprintf(stderr, "conveyord: serving %s on %s:%d%s; %s\n", absl::StrJoin(names, ", ").c_str(), host.c_str(), port,
                no_unix ? "" : (" and unix:" + unix_path).c_str(), note.c_str());

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/progress.h"
 #include "common/config/config_loader.h"
+#include "cuda/cuda_backend.h"
 
 namespace conveyor::cli {
 
@@ -126,6 +127,11 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
                   "array (repeat for several streams)");
   cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
       ->check(CLI::Range(1, 256));
+  cmd->add_option("--assembler", a->assembler,
+                  "Who assembles batches: cpu (default) or cuda (GPU kernels; identical bytes; without a usable "
+                  "device the CPU serves and one line on stderr says why)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", a->device, "CUDA device for --assembler cuda (default 0)")->check(CLI::Range(0, 1023));
 }
 
 absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const std::string& dataset,
@@ -145,7 +151,13 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   auto resolved = ResolveStream(*s.dataset, s.request);
   if (!resolved.ok()) return resolved.status();
   s.resolved = std::move(*resolved);
-  s.assembler = MakeCpuAssembler();
+  if (args.assembler == "cuda") {
+    std::string note;
+    s.assembler = SelectAssembler(true, args.device, &note);
+    std::fprintf(stderr, "conveyor: %s\n", note.c_str());
+  } else {
+    s.assembler = MakeCpuAssembler();
+  }
   auto loader = Loader::Create(s.dataset.get(), s.assembler.get(), s.resolved.loader);
   if (!loader.ok()) return loader.status();
   s.loader = std::move(*loader);

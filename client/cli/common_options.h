@@ -48,6 +48,8 @@ struct StreamArgs {
   std::string resume;
   int threads = 1;
   std::vector<std::string> layouts;  // NAME=csc|csr|dense
+  std::string assembler = "cpu";     // cpu | cuda (falls back to cpu, saying why)
+  int device = 0;
   absl::StatusOr<StreamRequest> ToRequest() const;
 };
 void AddStreamOptions(CLI::App* cmd, StreamArgs* args);

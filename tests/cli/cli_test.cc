@@ -74,6 +74,28 @@ TEST(Cli, DumpIsTheSameForAnyThreadCount) {
   EXPECT_EQ(one.out, four.out);
 }
 
+// --assembler cuda: identical output whichever assembler serves; without a usable device one
+// line says the CPU serves and why.
+TEST(Cli, DumpThroughTheCudaAssemblerEqualsTheCpuOne) {
+  for (const char* dataset : {"sequences", "sparse"}) {
+    const std::string base = "dump " + kExamples + " --dataset " + dataset + " --minibatch-size 9 --epochs 1";
+    CliRun cpu = Conveyor(base);
+    CliRun cuda = Conveyor(base + " --assembler cuda");
+    ASSERT_EQ(cpu.code, 0) << cpu.out.substr(0, 300);
+    ASSERT_EQ(cuda.code, 0) << cuda.out.substr(0, 300);
+    const std::string note = cuda.out.substr(0, cuda.out.find('\n') + 1);
+    EXPECT_EQ(note.rfind("conveyor: assembler: ", 0), 0u) << note;
+    EXPECT_TRUE(cpu.out == cuda.out.substr(note.size())) << dataset;
+  }
+  CliRun note = Conveyor("dump " + kExamples + " --dataset simple --assembler cuda --epochs 1");
+  ASSERT_EQ(note.code, 0);
+  const bool on_gpu = note.out.find("conveyor: assembler: cuda device 0") != std::string::npos;
+  const bool fell_back = note.out.find("conveyor: assembler: cpu (") != std::string::npos;
+  EXPECT_TRUE(on_gpu || fell_back) << note.out.substr(0, 300);
+  CliRun bad = Conveyor("dump " + kExamples + " --dataset simple --assembler tpu");
+  EXPECT_NE(bad.code, 0);
+}
+
 TEST(Cli, UnknownDatasetIsOneLineWithTheChoices) {
   CliRun r = Conveyor("dump " + kExamples + " --dataset nope");
   EXPECT_EQ(r.code, 1);
