@@ -111,7 +111,8 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
     AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, mask.data(), mask.size()), plan.mask.offset, mask.size());
     AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, flags.data(), flags.size()), plan.flags.offset, flags.size());
   }
-  std::vector<uint64_t> scan_of(plan.streams.size(), UINT64_MAX);
+  // Per stream: its ScanOp, and for CSR streams its TransposeOp (else UINT64_MAX).
+  std::vector<uint64_t> scan_of(plan.streams.size(), UINT64_MAX), transpose_of(plan.streams.size(), UINT64_MAX);
   for (size_t s = 0; s < plan.streams.size(); ++s) {
     const StreamLayout& L = plan.streams[s];
     const uint64_t T = L.sequence_axis ? L.max_length : 1;
@@ -163,6 +164,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       tr.values = L.values.offset;
       scan.colptr = tr.csc_colptr;
       scan.in_scratch = 1;
+      transpose_of[s] = prog.transposes.size();
       prog.transposes.push_back(tr);
     } else {
       scan.colptr = L.colptr.offset;
@@ -217,8 +219,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
         op.wide = scan.wide;
         op.in_scratch = scan.in_scratch;
         if (scan.in_scratch) {
-          const TransposeOp& tr = *std::find_if(prog.transposes.begin(), prog.transposes.end(),
-                                                [&](const TransposeOp& t) { return t.csc_colptr == scan.colptr; });
+          const TransposeOp& tr = prog.transposes[transpose_of[s]];
           op.rowind = tr.csc_rowind;
           op.values = tr.csc_values;
         } else {
@@ -285,9 +286,7 @@ class HostProgramAssembler final : public BatchAssembler {
  public:
   const char* name() const override { return "host-program"; }
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
-    if (dst.size() < plan.total_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes, " bytes, the slot has ", dst.size()));
-    }
+    if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
     absl::StatusOr<AssemblyProgram> prog = BuildAssemblyProgram(plan, pieces);
     if (!prog.ok()) return prog.status();
     std::vector<std::byte> staging(prog->staging_bytes), scratch(prog->scratch_bytes);

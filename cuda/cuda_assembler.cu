@@ -8,6 +8,7 @@
 
 #include "cuda/assembly_program.h"
 #include "cuda/cuda_assembler.h"
+#include "cuda/cuda_buffer.h"
 #include "cuda/cuda_check.h"
 
 namespace conveyor::gpu {
@@ -92,40 +93,10 @@ struct TempAllocator {
   }
 };
 
-// Growable memory of one kind (pinned host or device); growth is rare and logged.
-struct Buffer {
-  bool pinned = false;
-  std::byte* data = nullptr;
-  uint64_t capacity = 0;
-
-  absl::Status Reserve(uint64_t bytes, const char* what) {
-    if (bytes <= capacity) return absl::OkStatus();
-    const uint64_t grown = std::max<uint64_t>(bytes, capacity + capacity / 2);
-    if (capacity > 0) {
-      std::fprintf(stderr, "conveyor: cuda assembler: growing the %s from %llu to %llu bytes\n", what,
-                   static_cast<unsigned long long>(capacity), static_cast<unsigned long long>(grown));
-    }
-    Free();
-    void* p = nullptr;
-    if (pinned) CONVEYOR_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, grown, cudaHostAllocDefault));
-    else CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, grown));
-    data = static_cast<std::byte*>(p);
-    capacity = grown;
-    return absl::OkStatus();
-  }
-  void Free() {
-    if (data == nullptr) return;
-    if (pinned) cudaFreeHost(data);
-    else cudaFree(data);
-    data = nullptr;
-    capacity = 0;
-  }
-};
-
 // One of the two staging sets: pinned buffer, its device mirror (+ scratch), and the event
 // after which the pinned buffer may be rewritten.
 struct StagingSet {
-  Buffer host{true}, device{false};
+  CudaBuffer host{true}, device{false};
   cudaEvent_t sent = nullptr;
 };
 
@@ -137,10 +108,10 @@ struct CudaAssembler::Impl {
   cusparseHandle_t sparse = nullptr;
   StagingSet sets[2];
   int next = 0;
-  Buffer temp{false};        // Thrust temporaries
+  CudaBuffer temp{false};        // Thrust temporaries
   uint64_t temp_wanted = 0;
-  Buffer transpose{false};   // cuSPARSE csr2csc buffer
-  Buffer bounce{false};      // device slot for batches whose destination is host memory
+  CudaBuffer transpose{false};   // cuSPARSE csr2csc buffer
+  CudaBuffer bounce{false};      // device slot for batches whose destination is host memory
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
@@ -265,14 +236,7 @@ CudaAssembler::CudaAssembler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 CudaAssembler::~CudaAssembler() = default;
 
 absl::StatusOr<std::unique_ptr<CudaAssembler>> CudaAssembler::Create(const CudaAssemblerOptions& options) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
-  if (options.device < 0 || options.device >= n) {
-    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", options.device, " (", n, " present)"));
-  }
+  if (absl::Status st = CheckCudaDevice(options.device); !st.ok()) return st;
   auto impl = std::make_unique<Impl>();
   if (absl::Status st = impl->Init(options); !st.ok()) return st;
   return std::unique_ptr<CudaAssembler>(new CudaAssembler(std::move(impl)));
@@ -290,9 +254,7 @@ absl::Status CudaAssembler::Synchronize() {
 }
 
 absl::Status CudaAssembler::Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) {
-  if (dst.size() < plan.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes, " bytes, the slot has ", dst.size()));
-  }
+  if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
   cudaPointerAttributes attr{};
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
   const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;

@@ -21,6 +21,17 @@ inline absl::Status CusparseError(cusparseStatus_t err, const char* call, const 
                                           cusparseGetErrorString(err), ")"));
 }
 
+// FailedPrecondition unless `device` is a usable CUDA device.
+inline absl::Status CheckCudaDevice(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the error state
+    n = 0;
+  }
+  if (device >= 0 && device < n) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device, " (", n, " present)"));
+}
+
 }  // namespace conveyor::gpu
 
 // Evaluates a cudaError_t expression; returns an Internal status from the enclosing function

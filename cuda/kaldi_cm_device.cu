@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/formats/kaldi/kaldi_cm_math.h"
+#include "cuda/cuda_buffer.h"
 #include "cuda/cuda_check.h"
 
 namespace conveyor::gpu {
@@ -66,34 +67,13 @@ __global__ void DecodeKernel(const DeviceJob* jobs, const Task* tasks, uint32_t 
 struct DeviceCmDecoder::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
-  std::byte* pinned = nullptr;
-  uint64_t pinned_bytes = 0;
-  std::byte* staging = nullptr;
-  uint64_t staging_bytes = 0;
+  CudaBuffer pinned{true}, staging{false};
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    if (staging != nullptr) cudaFree(staging);
+    pinned.Free();
+    staging.Free();
     if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-
-  absl::Status Reserve(uint64_t bytes) {
-    if (bytes <= pinned_bytes) return absl::OkStatus();
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    if (staging != nullptr) cudaFree(staging);
-    pinned = staging = nullptr;
-    pinned_bytes = staging_bytes = 0;
-    const uint64_t grown = std::max<uint64_t>(bytes, 16 << 20);
-    void* p = nullptr;
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, grown, cudaHostAllocDefault));
-    pinned = static_cast<std::byte*>(p);
-    pinned_bytes = grown;
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, grown));
-    staging = static_cast<std::byte*>(p);
-    staging_bytes = grown;
-    return absl::OkStatus();
   }
 };
 
@@ -101,14 +81,7 @@ DeviceCmDecoder::DeviceCmDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(i
 DeviceCmDecoder::~DeviceCmDecoder() = default;
 
 absl::StatusOr<std::unique_ptr<DeviceCmDecoder>> DeviceCmDecoder::Create(int device) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
-  if (device < 0 || device >= n) {
-    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device, " (", n, " present)"));
-  }
+  if (absl::Status st = CheckCudaDevice(device); !st.ok()) return st;
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -155,8 +128,9 @@ absl::Status DeviceCmDecoder::Decode(absl::Span<const CompressedJob> jobs, float
   const uint64_t tasks_at = (jobs_at + djobs.size() * sizeof(DeviceJob) + 15) / 16 * 16;
   const uint64_t total = tasks_at + tasks.size() * sizeof(Task);
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
-  if (absl::Status st = impl_->Reserve(total); !st.ok()) return st;
-  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));  // the pinned buffer is free
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));  // both buffers are free
+  if (absl::Status st = impl_->pinned.Reserve(std::max<uint64_t>(total, 16 << 20), "pinned CM buffer"); !st.ok()) return st;
+  if (absl::Status st = impl_->staging.Reserve(std::max<uint64_t>(total, 16 << 20), "device CM buffer"); !st.ok()) return st;
   size_t k = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const kaldi::ObjectInfo& info = jobs[j].info;
@@ -164,16 +138,16 @@ absl::Status DeviceCmDecoder::Decode(absl::Span<const CompressedJob> jobs, float
     const DeviceJob& d = djobs[k++];
     const uint64_t header = d.format == 1 ? 2 + 3 + 16 : 2 + 4 + 16;
     const uint64_t bytes = (d.format == 1 ? 8 * uint64_t{d.cols} : 0) + (d.format == 2 ? 2 : 1) * uint64_t{d.rows} * d.cols;
-    std::memcpy(impl_->pinned + d.src, jobs[j].bytes.data() + jobs[j].offset + header, bytes);
+    std::memcpy(impl_->pinned.data + d.src, jobs[j].bytes.data() + jobs[j].offset + header, bytes);
   }
-  std::memcpy(impl_->pinned + jobs_at, djobs.data(), djobs.size() * sizeof(DeviceJob));
-  std::memcpy(impl_->pinned + tasks_at, tasks.data(), tasks.size() * sizeof(Task));
-  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->staging, impl_->pinned, total, cudaMemcpyHostToDevice, impl_->stream));
+  std::memcpy(impl_->pinned.data + jobs_at, djobs.data(), djobs.size() * sizeof(DeviceJob));
+  std::memcpy(impl_->pinned.data + tasks_at, tasks.data(), tasks.size() * sizeof(Task));
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(impl_->staging.data, impl_->pinned.data, total, cudaMemcpyHostToDevice, impl_->stream));
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>(tasks.size(), 65535));
-  DecodeKernel<<<blocks, kThreads, 0, impl_->stream>>>(reinterpret_cast<const DeviceJob*>(impl_->staging + jobs_at),
-                                                       reinterpret_cast<const Task*>(impl_->staging + tasks_at),
+  DecodeKernel<<<blocks, kThreads, 0, impl_->stream>>>(reinterpret_cast<const DeviceJob*>(impl_->staging.data + jobs_at),
+                                                       reinterpret_cast<const Task*>(impl_->staging.data + tasks_at),
                                                        static_cast<uint32_t>(tasks.size()),
-                                                       reinterpret_cast<const uint8_t*>(impl_->staging), device_out);
+                                                       reinterpret_cast<const uint8_t*>(impl_->staging.data), device_out);
   CONVEYOR_CUDA_CHECK_LAUNCH("DecodeKernel");
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();

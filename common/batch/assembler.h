@@ -24,6 +24,10 @@ class BatchAssembler {
                                 absl::Span<std::byte> dst) = 0;
 };
 
+// InvalidArgument unless a slot of `slot_bytes` holds the batch of `plan` (every assembler's
+// first check).
+absl::Status CheckSlotSize(const BatchPlan& plan, size_t slot_bytes);
+
 // The CPU reference assembler. Stateless and thread-safe.
 std::unique_ptr<BatchAssembler> MakeCpuAssembler();
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/batch/assembler.h"
+#include "common/status_macros.h"
 
 namespace conveyor {
 namespace {
@@ -141,10 +142,7 @@ class CpuAssembler final : public BatchAssembler {
 
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
-    if (dst.size() < plan.total_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes,
-                                                     " bytes, the slot has ", dst.size()));
-    }
+    RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
     // Zero the alignment gaps between arrays (and the tail), so every byte is defined.
     uint64_t cursor = 0;
     auto gap_to = [&](const ArrayDesc& a) {
@@ -190,6 +188,11 @@ class CpuAssembler final : public BatchAssembler {
 };
 
 }  // namespace
+
+absl::Status CheckSlotSize(const BatchPlan& plan, size_t slot_bytes) {
+  if (slot_bytes >= plan.total_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes, " bytes, the slot has ", slot_bytes));
+}
 
 std::unique_ptr<BatchAssembler> MakeCpuAssembler() { return std::make_unique<CpuAssembler>(); }
 

@@ -22,6 +22,23 @@ std::vector<std::byte> AssembleWith(BatchAssembler& assembler, const BatchPlan& 
   return out;
 }
 
+// A single-stream case of `rows` rows, planned.
+struct Planned {
+  conveyor::testing::BatchCase batch;
+  BatchPlan plan;
+};
+Planned PlanOne(uint32_t rows, conveyor::testing::Mode mode, StreamFormat format, uint64_t dim) {
+  conveyor::testing::CaseSpec spec;
+  spec.rows = rows;
+  spec.mode = mode;
+  spec.streams = {{format, dim}};
+  Planned p{MakeBatchCase(spec, 5), {}};
+  auto plan = PlanBatch(p.batch.streams, spec.precision, p.batch.shape, p.batch.pieces, p.batch.layouts);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (plan.ok()) p.plan = std::move(*plan);
+  return p;
+}
+
 TEST(AssemblyProgram, HostRunEqualsTheCpuAssemblerOnEveryStandardCase) {
   auto cpu = MakeCpuAssembler();
   auto program = MakeHostProgramAssembler();
@@ -61,31 +78,18 @@ TEST(AssemblyProgram, TheStandardCasesCoverWhatTheyClaim) {
 }
 
 TEST(AssemblyProgram, ConsecutiveRowsOfDenseFramesBecomeOneCopy) {
-  conveyor::testing::CaseSpec spec;
-  spec.rows = 100;
-  spec.mode = conveyor::testing::Mode::kFrame;
-  spec.streams = {{StreamFormat::kDense, 4}};
-  auto c = MakeBatchCase(spec, 5);
-  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
-  ASSERT_TRUE(plan.ok());
-  auto prog = BuildAssemblyProgram(*plan, c.pieces);
+  Planned p = PlanOne(100, conveyor::testing::Mode::kFrame, StreamFormat::kDense, 4);
+  auto prog = BuildAssemblyProgram(p.plan, p.batch.pieces);
   ASSERT_TRUE(prog.ok()) << prog.status();
   // 100 rows x 16 bytes, staged 16-aligned back to back: one copy item.
   ASSERT_EQ(prog->copies.size(), 1u);
   EXPECT_EQ(prog->copies[0].bytes, 1600u);
-  EXPECT_EQ(prog->copies[0].dst, plan->streams[0].values.offset);
+  EXPECT_EQ(prog->copies[0].dst, p.plan.streams[0].values.offset);
 }
 
 TEST(AssemblyProgram, LongCopiesAreSplitIntoBoundedItems) {
-  conveyor::testing::CaseSpec spec;
-  spec.rows = 1;
-  spec.max_length = 1;
-  spec.mode = conveyor::testing::Mode::kFrame;
-  spec.streams = {{StreamFormat::kDense, 50000}};  // 200,000 bytes in one piece
-  auto c = MakeBatchCase(spec, 5);
-  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
-  ASSERT_TRUE(plan.ok());
-  auto prog = BuildAssemblyProgram(*plan, c.pieces);
+  Planned p = PlanOne(1, conveyor::testing::Mode::kFrame, StreamFormat::kDense, 50000);  // 200,000 bytes
+  auto prog = BuildAssemblyProgram(p.plan, p.batch.pieces);
   ASSERT_TRUE(prog.ok());
   ASSERT_EQ(prog->copies.size(), 4u);  // 3 x 64 KiB + the rest
   uint64_t total = 0;
@@ -97,29 +101,20 @@ TEST(AssemblyProgram, LongCopiesAreSplitIntoBoundedItems) {
 }
 
 TEST(AssemblyProgram, RefusesPiecesThatAreNotThePlans) {
-  conveyor::testing::CaseSpec spec;
-  spec.rows = 3;
-  spec.streams = {{StreamFormat::kDense, 2}};
-  auto c = MakeBatchCase(spec, 1);
-  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
-  ASSERT_TRUE(plan.ok());
-  std::vector<PieceRef> fewer(c.pieces.begin(), c.pieces.end() - 1);
-  auto prog = BuildAssemblyProgram(*plan, fewer);
+  Planned p = PlanOne(3, conveyor::testing::Mode::kSequence, StreamFormat::kDense, 2);
+  std::vector<PieceRef> fewer(p.batch.pieces.begin(), p.batch.pieces.end() - 1);
+  auto prog = BuildAssemblyProgram(p.plan, fewer);
   ASSERT_FALSE(prog.ok());
   EXPECT_EQ(prog.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(prog.status().message().find("3 pieces; 2 were given"), std::string::npos) << prog.status();
 }
 
 TEST(AssemblyProgram, HostProgramAssemblerRefusesASmallSlot) {
-  conveyor::testing::CaseSpec spec;
-  spec.rows = 2;
-  spec.streams = {{StreamFormat::kDense, 2}};
-  auto c = MakeBatchCase(spec, 1);
-  auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
-  ASSERT_TRUE(plan.ok());
-  std::vector<std::byte> small(plan->total_bytes - 1);
-  absl::Status st = MakeHostProgramAssembler()->Assemble(*plan, c.pieces, absl::MakeSpan(small));
+  Planned p = PlanOne(2, conveyor::testing::Mode::kSequence, StreamFormat::kDense, 2);
+  std::vector<std::byte> small(p.plan.total_bytes - 1);
+  absl::Status st = MakeHostProgramAssembler()->Assemble(p.plan, p.batch.pieces, absl::MakeSpan(small));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("the slot has"), std::string::npos) << st;
 }
 
 }  // namespace
