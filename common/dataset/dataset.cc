@@ -114,7 +114,7 @@ absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
   const std::string_view bytes = file_->bytes();
   if (!IsCbf(bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(d.file, ": not a CNTK binary file (expected the magic number "
-                                                   "\"cntk_bin\" at byte 0; convert text with `conveyor convert`)"));
+                                                   "\"cntk_bin\" or the documented layout's version 1 at byte 0; convert text with `conveyor convert`)"));
   }
   ASSIGN_OR_RETURN(CbfFile file, ReadCbfFile(bytes, d.file));
   cbf_ = std::make_unique<CbfFile>(std::move(file));

@@ -1,5 +1,7 @@
-// cbf_reader.h: CNTK Binary Format, the layout CNTK's ctf2bin.py writes and CNTK's
-// CNTKBinaryReader reads (every real CBF file; ../shared/testdata/cntk/README.md section 7).
+// cbf_reader.h: CNTK Binary Format in its two layouts, told apart by the first 8 bytes.
+//
+// 1. The layout CNTK's ctf2bin.py writes and CNTK's CNTKBinaryReader reads (every real CBF
+// file; ../shared/testdata/cntk/README.md section 7), starting with the magic "cntk_bin".
 // Little endian:
 //   file:   u64 magic "cntk_bin", u32 version (1), chunks..., header, i64 header offset
 //   header: u64 magic, u32 numChunks, u32 numStreams,
@@ -9,6 +11,23 @@
 //   chunk:  u32 seqLen[numSequences] (samples, the most of any stream), then per stream,
 //           per sequence: dense  u32 n, elem[n * dim]
 //                         sparse u32 n, i32 nnz, elem[nnz], i32 index[nnz], i32 nnzPerSample[n]
+//
+// 2. The layout the CNTK documentation describes (../shared/seeds/cntk-binary-reader.md),
+// starting with its version (i64 1). Little endian:
+//   header: i64 version (1), i64 numChunks, i32 numInputs,
+//           per input: i32 len, name[len], i32 deserializer (0 dense, 1 sparse), then
+//                      dense:  i32 elemType (0 float, 1 double), i32 sampleSize
+//                      sparse: i32 storageType (0 CSC), i32 elemType, i32 isSequence, i32 sampleSize
+//   offsets table: per chunk i64 offset (from the start of the data section, which follows
+//           the table), i32 numSequences, i32 numSamples
+//   chunk:  per input, in header order:
+//           dense:  elem[numSequences * sampleSize] (one sample a sequence)
+//           sparse: i32 nnz, elem[nnz], i32 row[nnz], i32 colStart[numSequences + 1], where
+//                   row = sample * sampleSize + index (the sample within its sequence)
+//   A sparse input's sequence has (last sample number + 1) samples (1 when isSequence is 0;
+//   none when a sequence input has no entry); a sequence's length is the longest of its
+//   inputs, and a chunk's lengths must add up to its numSamples.
+//
 // Every count, length and offset is checked against the file before use: a corrupt or
 // truncated file is an error naming the file, chunk and byte offset. Sequence keys are
 // global sequence indices. The file's chunks are conveyor's chunks.
@@ -28,12 +47,19 @@
 namespace conveyor {
 
 inline constexpr uint64_t kCbfMagic = 0x636e746b5f62696eull;  // "cntk_bin" read as a little-endian u64
+inline constexpr uint64_t kCbfDocumentedVersion = 1;            // the documented layout's first i64
+
+enum class CbfLayout {
+  kCntk,        // magic "cntk_bin": what ctf2bin writes and CNTK reads
+  kDocumented,  // version first: the documentation's header / offsets table / data
+};
 
 struct CbfStreamInfo {
   std::string name;
   StreamFormat format = StreamFormat::kDense;  // dense or sparse
   Precision precision = Precision::kFloat;
   uint32_t dim = 0;
+  bool is_sequence = true;  // kDocumented sparse inputs: their isSequence flag
 };
 
 struct CbfChunkInfo {
@@ -42,21 +68,24 @@ struct CbfChunkInfo {
 };
 
 struct CbfFile {
+  CbfLayout layout = CbfLayout::kCntk;
   std::vector<CbfStreamInfo> streams;
   std::vector<CbfChunkInfo> chunks;
-  uint64_t header_offset = 0;
+  uint64_t header_offset = 0;  // kCntk: where the header is; kDocumented: where the data section starts
 };
 
-// True when `bytes` starts with the CBF magic.
+// True when `bytes` starts like a CBF file of either layout: the magic, or version 1 as an i64.
 bool IsCbf(std::string_view bytes);
 
-// Reads and checks the header and chunk table. Errors: InvalidArgument naming `path` and
-// the byte offset (bad magic or version, counts or offsets outside the file).
+// Reads and checks the header and chunk table of either layout. Errors: InvalidArgument
+// naming `path` and the byte offset (bad magic or version, counts or offsets outside the file).
 absl::StatusOr<CbfFile> ReadCbfFile(std::string_view bytes, const std::string& path);
 
 // One SequenceEntry per sequence (key: global index; offset: its chunk's; num_samples: its
-// seqLen) and one ChunkEntry per file chunk. Errors: DataLoss for a chunk whose sequence
-// lengths lie outside it or disagree with the chunk table.
+// length) and one ChunkEntry per file chunk. kDocumented files store no lengths: every
+// chunk is walked (its sparse entries give the sample counts) and checked whole here, so
+// that parsing it later can only fail on what changed since. Errors: DataLoss for a chunk
+// whose contents lie outside it or disagree with the chunk table.
 absl::StatusOr<Index> BuildCbfIndex(const CbfFile& file, std::string_view bytes, const std::string& path);
 
 // Decodes chunk `chunk_id`. `source[i]` is the file stream delivered as output stream i (the
