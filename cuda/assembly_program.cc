@@ -196,7 +196,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
         AddCopy(&prog.copies, pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
       } else if (L.format == StreamFormat::kDense) {
         const uint64_t bytes = uint64_t{c} * L.dim * vb;
-        AddCopy(&prog.copies, pack(ValuesAt(ps, prog.precision, b * L.dim), bytes), L.values.offset + col * L.dim * vb, bytes);
+        AddCopy(&prog.copies, pack(ps.DenseSamples(p.slot, b, vb), bytes), L.values.offset + col * L.dim * vb, bytes);
       } else {
         const uint64_t nb = ps.nnz_begin[b], nnz = ps.nnz_begin[b + c] - nb;
         if (nnz == 0) continue;

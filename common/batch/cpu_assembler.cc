@@ -94,7 +94,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       T* at = out + (p.row * T_len + p.t0) * row_values;
       if (c == 0) continue;
       if (L.format == StreamFormat::kDense) {
-        std::memcpy(at, ps.values<T>().data() + b * row_values, c * row_values * sizeof(T));
+        std::memcpy(at, ps.DenseSamples(p.slot, b, sizeof(T)), c * row_values * sizeof(T));
         continue;
       }
       // A sparse stream asked for as dense: scatter, summing repeated indices in file order.

@@ -5,6 +5,7 @@
 // no data; `slot_of` maps the chunk's index sequences to parsed sequences.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,8 +25,22 @@ struct ParsedStream {
   // Values in the dataset's precision: exactly one of these is used.
   std::vector<float> values_f32;
   std::vector<double> values_f64;
+  // Dense values used where they lie in the mapped input (CBF, Kaldi FM/DM in the dataset's
+  // precision): per parsed sequence, the address of its first sample's values, or empty when
+  // values<T>() holds every sequence. Any alignment (readers copy with memcpy); valid while
+  // the Dataset that parsed the chunk lives. Read dense values through DenseSamples().
+  std::vector<const std::byte*> in_place;
 
   uint64_t num_samples(uint64_t seq) const { return sequence_begin[seq + 1] - sequence_begin[seq]; }
+  // A dense stream's values of sample `b` (an index into this stream's samples, within parsed
+  // sequence `slot`) onwards, for elements of `elem_size` bytes; the sequence's later samples
+  // follow contiguously.
+  const std::byte* DenseSamples(uint32_t slot, uint64_t b, size_t elem_size) const {
+    if (!in_place.empty()) return in_place[slot] + (b - sequence_begin[slot]) * dim * elem_size;
+    const auto* base = elem_size == sizeof(float) ? reinterpret_cast<const std::byte*>(values_f32.data())
+                                                  : reinterpret_cast<const std::byte*>(values_f64.data());
+    return base + b * dim * elem_size;
+  }
   uint64_t total_samples() const { return sequence_begin.back(); }
   template <typename T>
   std::vector<T>& values();

@@ -305,10 +305,28 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
   std::vector<ParsedStream*> targets(streams_.size());
   for (size_t k = 0; k < streams_.size(); ++k) targets[k] = &out->streams[k];
   const size_t ns = keyed_.size();
+  // A source whose values all lie ready in its input (Kaldi FM/DM in the dataset's
+  // precision) is not decoded: the chunk points at them.
+  std::vector<bool> in_place(ns, false);
+  for (size_t s = 0; s < ns; ++s) {
+    if (keyed_[s]->streams().size() != 1 || keyed_[s]->streams()[0].format != StreamFormat::kDense) continue;
+    in_place[s] = true;
+    for (uint64_t j = 0; j < ce.num_sequences && in_place[s]; ++j) {
+      const size_t e = joined_[(ce.first_sequence + j) * ns + s];
+      in_place[s] = keyed_[s]->samples(e, 0) == 0 || keyed_[s]->InPlace(e, config_.precision) != nullptr;
+    }
+  }
   for (uint64_t j = 0; j < ce.num_sequences; ++j) {
     const uint64_t i = ce.first_sequence + j;
     for (size_t s = 0; s < ns; ++s) {
-      RETURN_IF_ERROR(keyed_[s]->Decode(joined_[i * ns + s], config_.precision, targets.data() + stream_base_[s]));
+      const size_t e = joined_[i * ns + s];
+      if (in_place[s]) {
+        ParsedStream& ps = *targets[stream_base_[s]];
+        ps.in_place.push_back(keyed_[s]->InPlace(e, config_.precision));
+        ps.sequence_begin.push_back(ps.sequence_begin.back() + keyed_[s]->samples(e, 0));
+        continue;
+      }
+      RETURN_IF_ERROR(keyed_[s]->Decode(e, config_.precision, targets.data() + stream_base_[s]));
     }
     out->slot_of.push_back(static_cast<int32_t>(j));
     out->keys.push_back(index_.sequences[i].key);

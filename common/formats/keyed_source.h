@@ -5,6 +5,7 @@
 // length checked), so that Decode cannot meet malformed input.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +30,10 @@ class KeyedSource {
   virtual uint64_t bytes(size_t i) const = 0;
   // Appends sequence i to out[k] for every stream k of this source, values in `precision`.
   virtual absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const = 0;
+  // For a source of one dense stream: where sequence i's values lie in its input, already
+  // in `precision`, row-major and contiguous, so that they can be used without decoding
+  // (ParsedStream::in_place); null when they must be decoded.
+  virtual const std::byte* InPlace(size_t, Precision) const { return nullptr; }
   virtual void WillNeed(size_t) const {}
   // The bytes of every input it reads (files, pipe outputs), for benchmarks' references.
   virtual std::vector<std::string_view> inputs() const = 0;

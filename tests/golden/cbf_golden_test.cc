@@ -4,6 +4,7 @@
 // keys sequences by index: compared without keys, entries sorted). And every truncation and
 // every corrupted byte of a real file is an error naming the file, never a crash.
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -288,7 +289,9 @@ std::string WriteDocumented(const Dataset& dataset) {
     for (const ParsedStream& ps : pc.streams) {
       if (ps.format == StreamFormat::kDense) {
         EXPECT_EQ(ps.total_samples(), pc.num_sequences());
-        data.append(reinterpret_cast<const char*>(ps.values_f32.data()), ps.values_f32.size() * 4);
+        for (uint32_t seq = 0; seq < pc.num_sequences(); ++seq) {
+          data.append(reinterpret_cast<const char*>(ps.DenseSamples(seq, seq, 4)), ps.dim * 4);
+        }
         continue;
       }
       Put<int32_t>(&data, static_cast<int32_t>(ps.indices.size()));
@@ -347,7 +350,12 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   ASSERT_TRUE(c0.ok()) << c0.status();
   EXPECT_EQ((*c0)->lengths, (std::vector<uint32_t>{3, 1}));
   const ParsedStream& x = (*c0)->streams[0];
-  EXPECT_EQ(x.values_f32, (std::vector<float>{1, 2, 3, 4}));
+  ASSERT_EQ(x.in_place.size(), 2u);  // dense values used where they lie in the file
+  EXPECT_TRUE(x.values_f32.empty());
+  float xs[4];
+  std::memcpy(xs, x.DenseSamples(0, 0, 4), 8);
+  std::memcpy(xs + 2, x.DenseSamples(1, 1, 4), 8);
+  EXPECT_EQ(std::vector<float>(xs, xs + 4), (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(x.sequence_begin, (std::vector<uint64_t>{0, 1, 2}));
   const ParsedStream& y = (*c0)->streams[1];
   EXPECT_EQ(y.sequence_begin, (std::vector<uint64_t>{0, 3, 3}));

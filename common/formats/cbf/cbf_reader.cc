@@ -415,7 +415,7 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
           return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": ", n, " samples of dimension ", info.dim,
                                   " run past the chunk"));
         }
-        if (ps != nullptr) Append(&ps->values<T>(), values, uint64_t{n} * info.dim);
+        if (ps != nullptr) ps->in_place.push_back(reinterpret_cast<const std::byte*>(values));  // used where it lies
       } else {
         int32_t nnz = 0;
         const char *values = nullptr, *indices = nullptr, *per_sample = nullptr;
@@ -489,10 +489,14 @@ void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t
     // sequence_begin entries go).
     for (auto& ps : out->streams) {
       std::vector<uint64_t> begins{0};
+      std::vector<const std::byte*> in_place;
       for (uint32_t j = 0; j < n_seq; ++j) {
-        if (out->slot_of[j] >= 0) begins.push_back(ps.sequence_begin[j + 1]);
+        if (out->slot_of[j] < 0) continue;
+        begins.push_back(ps.sequence_begin[j + 1]);
+        if (!ps.in_place.empty()) in_place.push_back(ps.in_place[j]);
       }
       ps.sequence_begin = std::move(begins);
+      ps.in_place = std::move(in_place);
     }
   }
 }
@@ -516,8 +520,8 @@ absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, 
     ps.format = info.format;
     ps.dim = info.dim;
     if (info.format == StreamFormat::kDense) {
-      Append(&ps.values<T>(), in.dense, uint64_t{n_seq} * info.dim);
-      for (uint32_t j = 0; j < n_seq; ++j) {
+      for (uint32_t j = 0; j < n_seq; ++j) {  // used where it lies
+        ps.in_place.push_back(reinterpret_cast<const std::byte*>(in.dense) + uint64_t{j} * info.dim * sizeof(T));
         ps.sequence_begin.push_back(j + 1);
         counts[i * n_seq + j] = 1;
       }

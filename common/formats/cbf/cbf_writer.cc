@@ -104,7 +104,8 @@ absl::StatusOr<CbfWriteStats> Write(const Dataset& dataset, const std::string& p
         Put<uint32_t>(&r, n);
         const T* v = ps.values<T>().data();
         if (ps.format == StreamFormat::kDense) {
-          r.append(reinterpret_cast<const char*>(v + b * ps.dim), (e - b) * ps.dim * sizeof(T));
+          r.append(reinterpret_cast<const char*>(ps.DenseSamples(static_cast<uint32_t>(slot), b, sizeof(T))),
+                   (e - b) * ps.dim * sizeof(T));
           continue;
         }
         const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[e];

@@ -416,6 +416,17 @@ void DecodeMatrix(std::string_view bytes, uint64_t pos, const ObjectInfo& info, 
   }
 }
 
+const char* ContiguousValues(std::string_view bytes, uint64_t pos, const ObjectInfo& info, const Window& w,
+                             bool double_values) {
+  const bool vec = info.type == ObjectType::kFloatVector || info.type == ObjectType::kDoubleVector;
+  const bool dbl = info.type == ObjectType::kDoubleMatrix || info.type == ObjectType::kDoubleVector;
+  const bool binary_plain = info.type == ObjectType::kFloatMatrix || info.type == ObjectType::kDoubleMatrix || vec;
+  if (!binary_plain || dbl != double_values || w.col0 != 0 || w.cols != info.cols) return nullptr;
+  if (bytes.size() < pos + 2 || bytes[pos] != '\0' || bytes[pos + 1] != 'B') return nullptr;  // text
+  const char* data = bytes.data() + pos + (vec ? 2 + 3 + 5 : 2 + 3 + 10);
+  return data + w.row0 * info.cols * (dbl ? 8 : 4);
+}
+
 template void DecodeMatrix<float>(std::string_view, uint64_t, const ObjectInfo&, const Window&, float*);
 template void DecodeMatrix<double>(std::string_view, uint64_t, const ObjectInfo&, const Window&, double*);
 

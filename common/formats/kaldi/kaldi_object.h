@@ -61,6 +61,13 @@ absl::StatusOr<ObjectInfo> ScanObject(std::string_view bytes, uint64_t pos, Obje
 template <typename T>
 void DecodeMatrix(std::string_view bytes, uint64_t pos, const ObjectInfo& info, const Window& window, T* out);
 
+// Where `window`'s values lie in `bytes`, when decoding them would only copy them: a binary
+// FM/FV (`double_values` false) or DM/DV (true) whose window spans whole rows (row-major,
+// contiguous, little endian as stored; any alignment). Null otherwise (text, compressed,
+// another precision, a column range).
+const char* ContiguousValues(std::string_view bytes, uint64_t pos, const ObjectInfo& info, const Window& window,
+                             bool double_values);
+
 // Decodes a scanned int32 vector.
 void DecodeInt32Vector(std::string_view bytes, uint64_t pos, const ObjectInfo& info, std::vector<int32_t>* out);
 

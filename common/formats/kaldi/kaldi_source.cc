@@ -91,6 +91,13 @@ class KaldiSource final : public KeyedSource {
   std::string description() const override { return rspecifier_; }
   uint64_t skipped() const override { return table_->skipped() + skipped_; }
 
+  const std::byte* InPlace(size_t i, Precision precision) const override {
+    if (kind_ == KaldiKind::kInt32Vector) return nullptr;
+    const TableEntry& e = entry(i);
+    return reinterpret_cast<const std::byte*>(
+        ContiguousValues(table_->bytes(e.source), e.offset, e.info, e.window, precision == Precision::kDouble));
+  }
+
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
     ParsedStream& ps = *out[0];
     const uint32_t n = samples(i, 0);

@@ -109,7 +109,7 @@ TEST(KaldiDataset, CompressedTextDoubleAndRangesThroughTheLoader) {
   // Every fm case's values arrive in batches exactly as the table decodes them: sum check
   // over a randomized, multi-batch epoch against gt (order-independent).
   TempDir dir;
-  for (const char* name : {"cm_auto", "cm_2byte_auto", "cm_1byte_auto", "feats_text", "feats_double_as_float"}) {
+  for (const char* name : {"cm_auto", "cm_2byte_auto", "cm_1byte_auto", "feats_text", "feats_double_as_float", "feats"}) {
     SCOPED_TRACE(name);
     const std::string ark = std::string(name) == "feats_double_as_float" ? "feats_double" : name;
     auto config = Config(dir, absl::StrCat(R"(
@@ -152,6 +152,59 @@ datasets:
     }
     EXPECT_EQ(got.size(), delivered);
   }
+}
+
+// Binary FM (float datasets) and DM (double datasets) are not decoded: the chunk points at
+// their rows in the mapped archive. Anything else in a chunk (CM, text, the other
+// precision, a column range) makes that chunk decode.
+TEST(KaldiDataset, PlainMatricesAreUsedWhereTheyLie) {
+  TempDir dir;
+  struct Case {
+    const char* rspecifier;
+    const char* precision;
+    bool in_place;
+  };
+  for (const Case& c : {Case{"ark:feats.ark", "float", true}, Case{"ark:feats_double.ark", "double", true},
+                        Case{"ark:feats_double.ark", "float", false}, Case{"ark:feats.ark", "double", false},
+                        Case{"ark:cm_auto.ark", "float", false}, Case{"ark:feats_text.ark", "float", false},
+                        Case{"scp:feats_ranges.scp", "float", false}}) {
+    SCOPED_TRACE(absl::StrCat(c.rspecifier, " ", c.precision));
+    auto config = Config(dir, absl::StrCat("datasets:\n  d:\n    precision: ", c.precision,
+                                           "\n    deserializers:\n      - type: KaldiTable\n        rspecifier: \"",
+                                           c.rspecifier, "\"\n        input: {features: {}}\n"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    config->deserializers[0].base_dir = KaldiDir();
+    config->max_errors = 1000;
+    auto ds = Dataset::Open(*config);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    auto chunk = (*ds)->ParseChunk(0);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const ParsedStream& ps = (*chunk)->streams[0];
+    EXPECT_EQ(ps.in_place.empty(), !c.in_place);
+    EXPECT_EQ(ps.values_f32.empty() && ps.values_f64.empty(), c.in_place);
+  }  // One chunk holding binary and text matrices: decoded, every value where it belongs.
+  auto fm = [](const std::string& key, std::vector<float> v) {
+    std::string out = key + " " + std::string("\0BFM ", 5);
+    const int32_t rows = 2, cols = 3;
+    out += '\4';
+    out.append(reinterpret_cast<const char*>(&rows), 4);
+    out += '\4';
+    out.append(reinterpret_cast<const char*>(&cols), 4);
+    out.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+    return out;
+  };
+  const std::string ark = dir.Write("mixed.ark", fm("a", {1, 2, 3, 4, 5, 6}) + "b  [\n 7 8 9\n 10 11 12 ]\n" +
+                                                     fm("c", {13, 14, 15, 16, 17, 18}));
+  auto config = Config(dir, "datasets:\n  d:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                            "        rspecifier: \"ark:" + ark + "\"\n        input: {features: {}}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ReadOptions ro;
+  ro.minibatch_size = 100;
+  auto dump = DumpDataset(*config, ro);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_NE(dump->find("\"key\":\"a\",\"streams\":{\"features\":{\"dense\":[[1,2,3],[4,5,6]]}}"), std::string::npos) << *dump;
+  EXPECT_NE(dump->find("\"key\":\"b\",\"streams\":{\"features\":{\"dense\":[[7,8,9],[10,11,12]]}}"), std::string::npos);
+  EXPECT_NE(dump->find("\"key\":\"c\",\"streams\":{\"features\":{\"dense\":[[13,14,15],[16,17,18]]}}"), std::string::npos);
 }
 
 TEST(KaldiDataset, MissingKeysMismatchesAndEmptyEntriesAreSkippedAndCounted) {
