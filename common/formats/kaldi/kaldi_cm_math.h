@@ -29,6 +29,23 @@ CONVEYOR_HOST_DEVICE inline float CmByte(float p0, float p25, float p75, float p
   return static_cast<float>(p75 + static_cast<double>((p100 - p75) * static_cast<float>(v - 192)) * (1 / 63.0));
 }
 
+// The 256 floats a CM column's bytes decode to: CmByte for every v, segment by segment with
+// the same operations in the same order (so a lookup equals CmByte bit for bit), in loops
+// without branches that the compiler vectorizes. Cheaper than CmByte per value from about
+// 50 rows a column on (CmByte mispredicts its segment branch).
+CONVEYOR_HOST_DEVICE inline void CmColumnTable(float p0, float p25, float p75, float p100, float* table) {
+  const float d0 = p25 - p0, d1 = p75 - p25, d2 = p100 - p75;
+  for (int v = 0; v <= 64; ++v) {
+    table[v] = static_cast<float>(p0 + static_cast<double>(d0 * static_cast<float>(v)) * (1 / 64.0));
+  }
+  for (int v = 65; v <= 192; ++v) {
+    table[v] = static_cast<float>(p25 + static_cast<double>(d1 * static_cast<float>(v - 64)) * (1 / 128.0));
+  }
+  for (int v = 193; v <= 255; ++v) {
+    table[v] = static_cast<float>(p75 + static_cast<double>(d2 * static_cast<float>(v - 192)) * (1 / 63.0));
+  }
+}
+
 // CM2 (uint16) and CM3 (uint8): min + v * increment, the increment rounded to float first.
 CONVEYOR_HOST_DEVICE inline float Cm2Increment(float range) { return static_cast<float>(static_cast<double>(range) * (1.0 / 65535.0)); }
 CONVEYOR_HOST_DEVICE inline float Cm3Increment(float range) { return static_cast<float>(static_cast<double>(range) * (1.0 / 255.0)); }
