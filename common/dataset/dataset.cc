@@ -316,6 +316,30 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
       in_place[s] = keyed_[s]->samples(e, 0) == 0 || keyed_[s]->InPlace(e, config_.precision) != nullptr;
     }
   }
+  // Columns sized once from the sources' sample counts: growing them sequence by sequence
+  // re-copies and page-faults every chunk's values several times over.
+  for (size_t s = 0; s < ns; ++s) {
+    for (size_t k = 0; k < keyed_[s]->streams().size(); ++k) {
+      uint64_t samples = 0;
+      for (uint64_t j = 0; j < ce.num_sequences; ++j) {
+        samples += keyed_[s]->samples(joined_[(ce.first_sequence + j) * ns + s], k);
+      }
+      ParsedStream& ps = *targets[stream_base_[s] + k];
+      ps.sequence_begin.reserve(ce.num_sequences + 1);
+      if (in_place[s]) {
+        ps.in_place.reserve(ce.num_sequences);
+        continue;
+      }
+      // Dense: dim values a sample; sparse and ids: about one entry a sample (labels).
+      const uint64_t values = ps.format == StreamFormat::kDense ? samples * ps.dim : samples;
+      if (config_.precision == Precision::kFloat) ps.values_f32.reserve(values);
+      else ps.values_f64.reserve(values);
+      if (ps.format != StreamFormat::kDense) {
+        ps.indices.reserve(samples);
+        ps.nnz_begin.reserve(samples + 1);
+      }
+    }
+  }
   for (uint64_t j = 0; j < ce.num_sequences; ++j) {
     const uint64_t i = ce.first_sequence + j;
     for (size_t s = 0; s < ns; ++s) {
