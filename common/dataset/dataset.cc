@@ -271,7 +271,9 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
     joined_.insert(joined_.end(), row.begin(), row.end());
   }
   index_.file_size = offset;
-  index_.BuildChunks(config_.deserializers[0].chunk_size_in_bytes);
+  uint64_t expansion = 1;
+  for (const auto& src : keyed_) expansion = std::max(expansion, src->expansion());
+  index_.BuildChunks(std::max<uint64_t>(1, config_.deserializers[0].chunk_size_in_bytes / expansion));
   index_.ComputeContentHash();
   diagnostics_->Flush();
   return absl::OkStatus();

@@ -34,6 +34,10 @@ class KeyedSource {
   // in `precision`, row-major and contiguous, so that they can be used without decoding
   // (ParsedStream::in_place); null when they must be decoded.
   virtual const std::byte* InPlace(size_t, Precision) const { return nullptr; }
+  // Bytes a parsed sequence holds per input byte, when far above 1 (an HTK context window
+  // repeats every frame window-fold): chunks are cut smaller by as much, so that a chunk's
+  // parsed size, not its input, stays near chunkSizeInBytes.
+  virtual uint64_t expansion() const { return 1; }
   virtual void WillNeed(size_t) const {}
   // The bytes of every input it reads (files, pipe outputs), for benchmarks' references.
   virtual std::vector<std::string_view> inputs() const = 0;

@@ -222,6 +222,28 @@ datasets:
   EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
 }
 
+// A context window repeats every frame window-fold in the parsed chunk: chunks are cut by
+// their parsed size (input x window), not their input, so a window of 5 gives 5x the chunks.
+TEST(Htk, ContextWindowsCutChunksByTheirParsedSize) {
+  TempDir dir;
+  std::vector<float> values(20 * 10 * 2);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  dir.Write("f.htk", BigEndianHtk(200, 100000, 8, 9, values));
+  std::string scp;
+  for (int u = 0; u < 20; ++u) scp += "u" + std::to_string(u) + "=.../f.htk[" + std::to_string(10 * u) + "," + std::to_string(10 * u + 9) + "]\n";
+  dir.Write("f.scp", scp);
+  auto chunks = [&](const std::string& input) -> uint64_t {
+    auto config = LoadConfigFile(dir.Write("c.yaml", "datasets:\n  h:\n    deserializers:\n      - type: HTKFeature\n"
+                                                      "        chunkSizeInBytes: 400\n        input: {x: {scpFile: f.scp, " + input + "}}\n"));
+    EXPECT_TRUE(config.ok()) << config.status();
+    auto ds = Dataset::Open(config->datasets[0]);
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    return ds.ok() ? (*ds)->index().chunks.size() : 0;
+  };
+  EXPECT_EQ(chunks("dim: 2"), 4u);                     // 80 bytes an utterance, 5 a chunk
+  EXPECT_EQ(chunks("dim: 10, contextWindow: 5"), 20u);  // 400 parsed bytes an utterance
+}
+
 TEST(Htk, MlfErrorsAndSkippedUtterances) {
   Diagnostics diag(1, [](Severity, const std::string&) {});
   const std::vector<std::string> states = {"a", "b"};

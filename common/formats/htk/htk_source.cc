@@ -388,6 +388,7 @@ class HtkFeatureSource final : public KeyedSource {
   uint64_t bytes(size_t i) const override {
     return static_cast<uint64_t>(entries_[i].frames) * static_cast<uint64_t>(files_[entries_[i].file].header.sample_bytes);
   }
+  uint64_t expansion() const override { return static_cast<uint64_t>(left_ + 1 + right_); }
   void WillNeed(size_t i) const override {
     const Entry& e = entries_[i];
     const File& f = files_[e.file];
