@@ -14,9 +14,10 @@ namespace {
 std::vector<uint32_t> ColumnOrder(absl::Span<const PieceRef> pieces) {
   std::vector<uint32_t> order(pieces.size());
   std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+  auto before = [&](uint32_t a, uint32_t b) {
     return pieces[a].row != pieces[b].row ? pieces[a].row < pieces[b].row : pieces[a].t0 < pieces[b].t0;
-  });
+  };
+  if (!std::is_sorted(order.begin(), order.end(), before)) std::stable_sort(order.begin(), order.end(), before);
   return order;
 }
 
@@ -175,7 +176,9 @@ class CpuAssembler final : public BatchAssembler {
         if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
       }
     }
-    const std::vector<uint32_t> order = ColumnOrder(pieces);
+    bool sparse_out = false;  // CSC/CSR streams need the pieces in column order
+    for (const StreamLayout& L : plan.streams) sparse_out |= !L.ids() && !L.dense_values();
+    const std::vector<uint32_t> order = sparse_out ? ColumnOrder(pieces) : std::vector<uint32_t>();
     for (size_t s = 0; s < plan.streams.size(); ++s) {
       if (plan.precision == Precision::kFloat) {
         AssembleStream<float>(plan, s, pieces, order, dst.data());
