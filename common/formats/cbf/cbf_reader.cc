@@ -252,6 +252,12 @@ absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, ui
     return absl::DataLossError(absl::StrCat(path, ": chunk ", c, ", byte ", at, ": input '", info.name, "': ", what));
   };
   const uint32_t n_seq = chunk.num_sequences;
+  // Every input spends at least 4 bytes a sequence (a sample of dim >= 1, or a column start):
+  // checked before anything is sized by the count.
+  if (n_seq > (chunk.end - chunk.offset) / 4) {
+    return absl::DataLossError(absl::StrCat(path, ": chunk ", c, ", byte ", chunk.offset, ": ", n_seq,
+                                            " sequences cannot fit the chunk's ", chunk.end - chunk.offset, " bytes"));
+  }
   inputs->assign(file.streams.size(), {});
   lengths->assign(n_seq, 0);
   for (size_t s = 0; s < file.streams.size(); ++s) {
