@@ -309,13 +309,16 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
   const size_t ns = keyed_.size();
   // A source whose values all lie ready in its input (Kaldi FM/DM in the dataset's
   // precision) is not decoded: the chunk points at them.
+  // where[s]: per sequence of the chunk, its values in source s's input; empty when source s decodes.
   std::vector<bool> in_place(ns, false);
+  std::vector<std::vector<const std::byte*>> where(ns);
   for (size_t s = 0; s < ns; ++s) {
     if (keyed_[s]->streams().size() != 1 || keyed_[s]->streams()[0].format != StreamFormat::kDense) continue;
     in_place[s] = true;
     for (uint64_t j = 0; j < ce.num_sequences && in_place[s]; ++j) {
       const size_t e = joined_[(ce.first_sequence + j) * ns + s];
-      in_place[s] = keyed_[s]->samples(e, 0) == 0 || keyed_[s]->InPlace(e, config_.precision) != nullptr;
+      where[s].push_back(keyed_[s]->InPlace(e, config_.precision));
+      in_place[s] = where[s].back() != nullptr || keyed_[s]->samples(e, 0) == 0;
     }
   }
   // Columns sized once from the sources' sample counts: growing them sequence by sequence
@@ -329,7 +332,7 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
       ParsedStream& ps = *targets[stream_base_[s] + k];
       ps.sequence_begin.reserve(ce.num_sequences + 1);
       if (in_place[s]) {
-        ps.in_place.reserve(ce.num_sequences);
+        ps.in_place = std::move(where[s]);
         continue;
       }
       // Dense: dim values a sample; sparse and ids: about one entry a sample (labels).
@@ -348,7 +351,6 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
       const size_t e = joined_[i * ns + s];
       if (in_place[s]) {
         ParsedStream& ps = *targets[stream_base_[s]];
-        ps.in_place.push_back(keyed_[s]->InPlace(e, config_.precision));
         ps.sequence_begin.push_back(ps.sequence_begin.back() + keyed_[s]->samples(e, 0));
         continue;
       }

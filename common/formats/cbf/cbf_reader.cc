@@ -219,6 +219,7 @@ struct DocumentedInput {
   const char* dense = nullptr;  // dense: numSequences * dim elements
   uint32_t nnz = 0;             // sparse: entries, rows (sample * dim + index), colStart[numSequences + 1]
   const char *values = nullptr, *rows = nullptr, *starts = nullptr;
+  std::vector<uint32_t> samples;  // per sequence: its samples in this input
 };
 
 uint32_t ElemSize(const CbfStreamInfo& info) { return info.precision == Precision::kFloat ? 4 : 8; }
@@ -269,6 +270,7 @@ absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, ui
         return bad(info, at, absl::StrCat(n_seq, " samples of dimension ", info.dim, " run past the chunk's end at byte ",
                                           chunk.end));
       }
+      in.samples.assign(n_seq, 1);
       for (uint32_t& len : *lengths) len = std::max(len, 1u);
       continue;
     }
@@ -299,8 +301,9 @@ absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, ui
                                 info.is_sequence ? ")" : ") (the input is not a sequence: every entry is in sample 0)"));
       }
     }
+    in.samples.resize(n_seq);
     for (uint32_t j = 0; j < n_seq; ++j) {
-      const uint32_t n = SparseSamples(info, in, j);
+      const uint32_t n = in.samples[j] = SparseSamples(info, in, j);
       if (n > kMaxDocumentedSequence) {
         return bad(info, rows_at, absl::StrCat("sequence ", j, " reaches sample ", n - 1, " (at most ",
                                                kMaxDocumentedSequence, " samples a sequence are accepted)"));
@@ -533,27 +536,24 @@ absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, 
       }
       continue;
     }
-    const auto* values = in.values;
     for (uint32_t j = 0; j < n_seq; ++j) {
-      const uint32_t n = SparseSamples(info, in, j);
+      const uint32_t n = in.samples[j];
       const uint32_t kb = static_cast<uint32_t>(LoadI32(in.starts, j)), ke = static_cast<uint32_t>(LoadI32(in.starts, j + 1));
-      // Entries by sample, file order within one (a counting sort; usually already in order).
+      // Entries by sample, file order within one: a counting sort (rows were checked by the walk).
       per_sample.assign(uint64_t{n} + 1, 0);
       for (uint32_t k = kb; k < ke; ++k) ++per_sample[static_cast<uint32_t>(LoadI32(in.rows, k)) / info.dim + 1];
-      for (uint32_t t = 0; t < n; ++t) per_sample[t + 1] += per_sample[t];
+      const uint64_t base = ps.nnz_begin.back();
+      for (uint32_t t = 0; t < n; ++t) {
+        per_sample[t + 1] += per_sample[t];
+        ps.nnz_begin.push_back(base + per_sample[t + 1]);
+      }
       order.resize(ke - kb);
       for (uint32_t k = kb; k < ke; ++k) order[per_sample[static_cast<uint32_t>(LoadI32(in.rows, k)) / info.dim]++] = k;
-      uint64_t nnz = ps.nnz_begin.back();
-      uint32_t placed = 0;
-      for (uint32_t t = 0; t < n; ++t) {
-        for (; placed < order.size() && static_cast<uint32_t>(LoadI32(in.rows, order[placed])) / info.dim == t; ++placed) {
-          T v;
-          std::memcpy(&v, values + sizeof(T) * order[placed], sizeof(T));
-          ps.values<T>().push_back(v);
-          ps.indices.push_back(static_cast<int32_t>(static_cast<uint32_t>(LoadI32(in.rows, order[placed])) % info.dim));
-          ++nnz;
-        }
-        ps.nnz_begin.push_back(nnz);
+      for (uint32_t k : order) {
+        T v;
+        std::memcpy(&v, in.values + sizeof(T) * k, sizeof(T));
+        ps.values<T>().push_back(v);
+        ps.indices.push_back(static_cast<int32_t>(static_cast<uint32_t>(LoadI32(in.rows, k)) % info.dim));
       }
       ps.sequence_begin.push_back(ps.sequence_begin.back() + n);
       counts[i * n_seq + j] = n;
