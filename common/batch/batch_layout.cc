@@ -75,15 +75,6 @@ void Place(ArrayDesc* a, DType dtype, std::vector<uint64_t> shape, uint64_t* cur
 
 }  // namespace
 
-uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
-  const ParsedStream& ps = p.chunk->streams[s];
-  const uint64_t len = ps.num_samples(p.slot);
-  const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
-  const uint64_t e = p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
-  *begin = ps.sequence_begin[p.slot] + b;
-  return static_cast<uint32_t>(e - b);
-}
-
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
                                     absl::Span<const OutputLayout> layouts) {

@@ -20,6 +20,7 @@
 // assemblers can be compared byte for byte.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -130,6 +131,14 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
 absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout);
 
 // Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
-uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin);
+inline uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
+  const ParsedStream& ps = p.chunk->streams[s];
+  const uint64_t first = ps.sequence_begin[p.slot];
+  const uint64_t len = ps.sequence_begin[p.slot + 1] - first;
+  const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
+  const uint64_t e = p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
+  *begin = first + b;
+  return static_cast<uint32_t>(e - b);
+}
 
 }  // namespace conveyor

@@ -86,7 +86,17 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
   if (L.dense_values()) {
     T* out = reinterpret_cast<T*>(dst + L.values.offset);
     const uint64_t row_values = L.dim;
-    std::memset(out, 0, L.values.bytes);
+    // Pieces never overlap: when they cover every (row, step) there is no padding to zero.
+    uint64_t covered = 0;
+    if (L.format == StreamFormat::kDense) {
+      for (size_t i = 0; i < pieces.size(); ++i) covered += plan.count(i, s);
+    }
+    if (covered != rows * T_len) std::memset(out, 0, L.values.bytes);
+    // Dense copies: a piece whose source and destination both continue the previous one's
+    // (consecutive sequences lying back to back in a chunk or a mapped file) extends one copy.
+    const std::byte* run_src = nullptr;
+    std::byte* run_dst = nullptr;
+    size_t run_bytes = 0;
     for (size_t i = 0; i < pieces.size(); ++i) {
       const PieceRef& p = pieces[i];
       const ParsedStream& ps = p.chunk->streams[s];
@@ -95,7 +105,16 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       T* at = out + (p.row * T_len + p.t0) * row_values;
       if (c == 0) continue;
       if (L.format == StreamFormat::kDense) {
-        std::memcpy(at, ps.DenseSamples(p.slot, b, sizeof(T)), c * row_values * sizeof(T));
+        const std::byte* src = ps.DenseSamples(p.slot, b, sizeof(T));
+        const size_t n = c * row_values * sizeof(T);
+        if (run_bytes > 0 && src == run_src + run_bytes && reinterpret_cast<std::byte*>(at) == run_dst + run_bytes) {
+          run_bytes += n;
+          continue;
+        }
+        if (run_bytes > 0) std::memcpy(run_dst, run_src, run_bytes);
+        run_src = src;
+        run_dst = reinterpret_cast<std::byte*>(at);
+        run_bytes = n;
         continue;
       }
       // A sparse stream asked for as dense: scatter, summing repeated indices in file order.
@@ -104,6 +123,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
         for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
       }
     }
+    if (run_bytes > 0) std::memcpy(run_dst, run_src, run_bytes);
     return;
   }
   if (L.csc()) {

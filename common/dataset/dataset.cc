@@ -285,6 +285,15 @@ uint64_t Dataset::file_bytes() const {
   return n;
 }
 
+std::vector<std::string> Dataset::input_paths() const {
+  if (file_) return {file_->path()};
+  std::vector<std::string> out;
+  for (const auto& s : keyed_) {
+    for (std::string& p : s->input_paths()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::vector<std::string_view> Dataset::inputs() const {
   if (file_) return {file_->bytes()};
   std::vector<std::string_view> out;

@@ -65,6 +65,8 @@ class Dataset {
   uint64_t file_bytes() const;
   // Every input's bytes (the mapped file; a keyed dataset's files and pipe outputs).
   std::vector<std::string_view> inputs() const;
+  // The files behind inputs(), in the same order; "" for an input that is no file (a pipe).
+  std::vector<std::string> input_paths() const;
   std::string_view bytes() const { return file_ ? file_->bytes() : std::string_view(); }
   // Keyed datasets: per-deserializer counts, and sequences dropped by the join.
   const std::vector<SourceStats>& source_stats() const { return source_stats_; }

@@ -41,6 +41,8 @@ class KeyedSource {
   virtual void WillNeed(size_t) const {}
   // The bytes of every input it reads (files, pipe outputs), for benchmarks' references.
   virtual std::vector<std::string_view> inputs() const = 0;
+  // The files behind inputs(), in the same order; "" for an input that is no file (a pipe).
+  virtual std::vector<std::string> input_paths() const = 0;
   // What it reads, for messages ("scp:data/feats.scp").
   virtual std::string description() const = 0;
   // Entries dropped while opening (unreadable entries within maxErrors or Kaldi's `p`).

@@ -1,5 +1,6 @@
 #include "common/sampling/loader.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -89,16 +90,26 @@ void Loader::PlanAhead() {
     }
     Planned p;
     p.batch = std::move(*b);
-    std::set<uint64_t> used;
+    // Consecutive pieces mostly come from one chunk: look a chunk up only when it changes.
+    p.tickets.reserve(p.batch.pieces.size());
+    uint32_t last_chunk = UINT32_MAX;
+    uint64_t last_ticket = 0;
     for (const Piece& piece : p.batch.pieces) {
-      auto it = open_.find(piece.chunk);
-      if (it == open_.end()) {
-        it = open_.emplace(piece.chunk, pipeline_->Enqueue(piece.chunk)).first;
-        ++scheduled_ahead_;
+      if (piece.chunk != last_chunk) {
+        auto it = open_.find(piece.chunk);
+        if (it == open_.end()) {
+          it = open_.emplace(piece.chunk, pipeline_->Enqueue(piece.chunk)).first;
+          ++scheduled_ahead_;
+        }
+        last_chunk = piece.chunk;
+        last_ticket = it->second;
+        p.distinct.push_back(last_ticket);
       }
-      p.tickets.push_back(it->second);
-      if (used.insert(it->second).second) ++ticket_refs_[it->second];
+      p.tickets.push_back(last_ticket);
     }
+    std::sort(p.distinct.begin(), p.distinct.end());
+    p.distinct.erase(std::unique(p.distinct.begin(), p.distinct.end()), p.distinct.end());
+    for (uint64_t t : p.distinct) ++ticket_refs_[t];
     for (uint32_t c : p.batch.exhausted_chunks) {
       auto it = open_.find(c);
       if (it == open_.end()) continue;
@@ -120,26 +131,32 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
   std::vector<PieceRef> refs;
   refs.reserve(p.batch.pieces.size());
   std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;
+  const ParsedChunk* last_chunk = nullptr;  // the chunk of the last ticket looked up
+  uint64_t last_ticket = UINT64_MAX;
   absl::Status failed;
   uint32_t rows = bptt_ ? p.batch.rows : 0;
   const bool frame_mode = planner_->options().randomizer.frame_mode;
   for (size_t i = 0; i < p.batch.pieces.size(); ++i) {
     const Piece& piece = p.batch.pieces[i];
     const uint64_t t = p.tickets[i];
-    auto it = held.find(t);
-    if (it == held.end()) {
-      auto chunk = pipeline_->Get(t);
-      if (!chunk.ok()) {
-        failed = chunk.status();
-        break;
+    if (t != last_ticket) {
+      auto it = held.find(t);
+      if (it == held.end()) {
+        auto chunk = pipeline_->Get(t);
+        if (!chunk.ok()) {
+          failed = chunk.status();
+          break;
+        }
+        if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
+        it = held.emplace(t, *chunk).first;
       }
-      if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
-      it = held.emplace(t, *chunk).first;
+      last_ticket = t;
+      last_chunk = it->second.get();
     }
-    const int32_t slot = it->second->slot_of[piece.index_in_chunk];
+    const int32_t slot = last_chunk->slot_of[piece.index_in_chunk];
     if (slot < 0) continue;  // dropped as bad: a gap in BPTT, one row less otherwise
     PieceRef r;
-    r.chunk = it->second.get();
+    r.chunk = last_chunk;
     r.slot = static_cast<uint32_t>(slot);
     r.sample_begin = piece.sample_begin;
     r.sample_count = piece.sample_count;
@@ -150,7 +167,7 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
     if (frame_mode && dataset_->index().sequences[piece.sequence].num_samples > 1) r.frame = piece.frame;
     refs.push_back(r);
   }
-  std::set<uint64_t> used(p.tickets.begin(), p.tickets.end());
+  const std::vector<uint64_t>& used = p.distinct;
   if (!failed.ok()) {
     for (uint64_t t : used) Unref(t);
     return failed;

@@ -75,6 +75,7 @@ class Loader {
   struct Planned {
     PlannedBatch batch;
     std::vector<uint64_t> tickets;  // per piece
+    std::vector<uint64_t> distinct;  // the tickets above, each once (sorted)
   };
   Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
          const LoaderOptions& options);

@@ -172,6 +172,7 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   PlannedBatch b;
   b.epoch = state_.epoch;
   b.batch = state_.batch;
+  b.pieces.reserve(std::min<uint64_t>(options_.minibatch_size / options_.world + 1, 1 << 16));
   const uint64_t sweep = state_.sweep;
   const bool full = options_.full_minibatches;
   while (true) {

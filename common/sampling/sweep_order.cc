@@ -105,8 +105,31 @@ const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
     ++first_bucket_;
   }
   current_ = i;
-  while (next_to_distribute_ <= i && next_to_distribute_ < order_.size()) Distribute(next_to_distribute_++);
   segment_.clear();
+  if (spread_ == 0) {  // file order: segment i is the units of chunk i, in order; no keys
+    const uint32_t chunk = order_[i];
+    const ChunkEntry& c = index_->chunks[chunk];
+    segment_.reserve(options_.frame_mode ? c.num_samples : c.num_sequences);
+    for (uint64_t s = c.first_sequence; s < c.first_sequence + c.num_sequences; ++s) {
+      const uint32_t samples = index_->sequences[s].num_samples;
+      Unit u;
+      u.sequence = s;
+      u.chunk = chunk;
+      u.position = static_cast<uint32_t>(i);
+      if (!options_.frame_mode) {
+        u.samples = samples;
+        segment_.push_back(u);
+        continue;
+      }
+      u.samples = 1;
+      for (uint32_t f = 0; f < samples; ++f) {
+        u.frame = f;
+        segment_.push_back(u);
+      }
+    }
+    return segment_;
+  }
+  while (next_to_distribute_ <= i && next_to_distribute_ < order_.size()) Distribute(next_to_distribute_++);
   if (!buckets_.empty()) {
     std::vector<Keyed>& b = buckets_.front();
     // File order (spread 0) is already sorted: one chunk, distributed in sequence order.

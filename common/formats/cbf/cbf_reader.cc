@@ -403,8 +403,11 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
   for (size_t i = 0; i < source.size(); ++i) target[source[i]] = static_cast<int>(i);
   out->streams.resize(source.size());
   for (size_t i = 0; i < source.size(); ++i) {
-    out->streams[i].format = file.streams[source[i]].format;
-    out->streams[i].dim = file.streams[source[i]].dim;
+    ParsedStream& ps = out->streams[i];
+    ps.format = file.streams[source[i]].format;
+    ps.dim = file.streams[source[i]].dim;
+    ps.sequence_begin.reserve(uint64_t{n_seq} + 1);
+    if (ps.format == StreamFormat::kDense) ps.in_place.reserve(n_seq);
   }
   // Samples per (stream, sequence), to drop sequences with none at all.
   std::vector<uint32_t> counts(source.size() * n_seq, 0);
@@ -481,6 +484,8 @@ void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t
   const uint32_t n_seq = static_cast<uint32_t>(lengths.size());
   const size_t n_streams = out->streams.size();
   out->slot_of.assign(n_seq, -1);
+  out->keys.reserve(n_seq);
+  out->lengths.reserve(n_seq);
   bool all_kept = true;
   for (uint32_t j = 0; j < n_seq; ++j) {
     uint32_t most = 0;

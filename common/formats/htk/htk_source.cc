@@ -399,6 +399,11 @@ class HtkFeatureSource final : public KeyedSource {
     for (const File& f : files_) out.push_back(f.map->bytes());
     return out;
   }
+  std::vector<std::string> input_paths() const override {
+    std::vector<std::string> out;
+    for (const File& f : files_) out.push_back(f.map->path());
+    return out;
+  }
   std::string description() const override { return scp_; }
   uint64_t skipped() const override { return skipped_; }
 
@@ -522,6 +527,7 @@ class MlfSource final : public KeyedSource {
   uint32_t samples(size_t i, size_t) const override { return utterances_[i].frames; }
   uint64_t bytes(size_t i) const override { return 4ull * utterances_[i].runs.size(); }
   std::vector<std::string_view> inputs() const override { return {map_->bytes()}; }
+  std::vector<std::string> input_paths() const override { return {map_->path()}; }
   std::string description() const override { return path_; }
   uint64_t skipped() const override { return skipped_; }
 

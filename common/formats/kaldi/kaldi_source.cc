@@ -88,6 +88,11 @@ class KaldiSource final : public KeyedSource {
     for (uint32_t s = 0; s < table_->num_sources(); ++s) out.push_back(table_->bytes(s));
     return out;
   }
+  std::vector<std::string> input_paths() const override {
+    std::vector<std::string> out;
+    for (uint32_t s = 0; s < table_->num_sources(); ++s) out.push_back(table_->source_path(s));
+    return out;
+  }
   std::string description() const override { return rspecifier_; }
   uint64_t skipped() const override { return table_->skipped() + skipped_; }
 

@@ -76,6 +76,8 @@ class KaldiTable {
   const Rspecifier& spec() const { return spec_; }
   std::string_view bytes(uint32_t source) const { return sources_[source].bytes; }
   const std::string& source_name(uint32_t source) const { return sources_[source].name; }
+  // The file a source maps; "" for a pipe's output.
+  std::string source_path(uint32_t source) const { return sources_[source].file ? sources_[source].file->path() : ""; }
   size_t num_sources() const { return sources_.size(); }
   // Bytes of all the sources (mapped files and pipe outputs).
   uint64_t total_bytes() const;
