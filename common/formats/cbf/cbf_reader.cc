@@ -24,9 +24,10 @@ class Reader {
   }
   // `count` items of `size` bytes: a view of them, or false if they do not fit.
   bool Take(uint64_t count, uint64_t size, const char** out) {
-    if (size != 0 && count > left() / size) return false;
+    uint64_t n = 0;
+    if (__builtin_mul_overflow(count, size, &n) || n > left()) return false;
     *out = bytes_.data() + pos_;
-    pos_ += count * size;
+    pos_ += n;
     return true;
   }
 
@@ -414,6 +415,26 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
   for (size_t s = 0; s < file.streams.size(); ++s) {
     const CbfStreamInfo& info = file.streams[s];
     ParsedStream* ps = target[s] >= 0 ? &out->streams[target[s]] : nullptr;
+    if (ps != nullptr && info.format == StreamFormat::kSparse) {
+      // Size the columns once: a quick walk of this stream's sequences (the decode below
+      // checks everything and reports any damage; the walk just stops at it).
+      Reader walk = r;
+      uint64_t samples = 0, entries = 0;
+      const char* skipped = nullptr;
+      for (uint32_t j = 0; j < n_seq; ++j) {
+        uint32_t n = 0;
+        int32_t nnz = 0;
+        if (!walk.Read(&n) || !walk.Read(&nnz) || nnz < 0 ||
+            !walk.Take(static_cast<uint64_t>(nnz), sizeof(T) + 4, &skipped) || !walk.Take(n, 4, &skipped)) {
+          break;
+        }
+        samples += n;
+        entries += static_cast<uint64_t>(nnz);
+      }
+      ps->nnz_begin.reserve(ps->nnz_begin.size() + samples);
+      ps->indices.reserve(ps->indices.size() + entries);
+      ps->values<T>().reserve(ps->values<T>().size() + entries);
+    }
     for (uint32_t j = 0; j < n_seq; ++j) {
       uint32_t n = 0;
       if (!r.Read(&n)) return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": expected its sample count"));
