@@ -24,6 +24,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetConfig& conf
   return ds;
 }
 
+Dataset::~Dataset() {
+  std::lock_guard<std::mutex> lock(resident_->mu);
+  resident_->file = nullptr;
+}
+
 absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   if (config_.deserializers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("dataset '", config_.name, "' has no deserializer"));
@@ -118,6 +123,10 @@ absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
   }
   ASSIGN_OR_RETURN(CbfFile file, ReadCbfFile(bytes, d.file));
   cbf_ = std::make_unique<CbfFile>(std::move(file));
+  {
+    std::lock_guard<std::mutex> lock(resident_->mu);
+    resident_->file = file_.get();
+  }
   for (const CbfStreamInfo& s : cbf_->streams) {
     if (s.precision != config_.precision) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -391,7 +400,8 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   cache_[chunk_id].parsing = true;
   lock.unlock();
   auto parsed = ParseChunk(chunk_id);
-  DoneWith(chunk_id);
+  const bool points_into_file = cbf_ != nullptr;  // its pages are dropped on release instead
+  if (!points_into_file) DoneWith(chunk_id);
   lock.lock();
   CacheEntry& e = cache_[chunk_id];
   e.parsing = false;
@@ -400,10 +410,18 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   const uint64_t bytes = (*parsed)->MemoryBytes();
   resident_->chunks += 1;
   resident_->bytes += bytes;
-  std::shared_ptr<const ParsedChunk> chunk((*parsed).release(), [resident = resident_, bytes](const ParsedChunk* c) {
+  const ChunkEntry& ce = index_.chunks[chunk_id];
+  const uint64_t drop_begin = points_into_file ? ce.begin_offset : 0;
+  const uint64_t drop_bytes = points_into_file ? ce.end_offset - ce.begin_offset : 0;
+  std::shared_ptr<const ParsedChunk> chunk((*parsed).release(), [resident = resident_, bytes, drop_begin,
+                                                                  drop_bytes](const ParsedChunk* c) {
     resident->chunks -= 1;
     resident->bytes -= bytes;
     delete c;
+    if (drop_bytes > 0) {
+      std::lock_guard<std::mutex> guard(resident->mu);
+      if (resident->file != nullptr) resident->file->DontNeed(drop_begin, drop_bytes);
+    }
   });
   e.chunk = chunk;
   return chunk;

@@ -55,6 +55,7 @@ class Dataset {
   // errors beyond maxErrors found by the index pass, e.g. blank rows).
   static absl::StatusOr<std::unique_ptr<Dataset>> Open(const DatasetConfig& config,
                                                        const DatasetOpenOptions& options = {});
+  ~Dataset();
 
   const DatasetConfig& config() const { return config_; }
   const Index& index() const { return index_; }
@@ -135,6 +136,10 @@ class Dataset {
   mutable std::atomic<uint64_t> parses_{0};
   struct Resident {  // shared with the chunks' deleters, which may outlive the dataset
     std::atomic<uint64_t> chunks{0}, bytes{0};
+    // CBF chunks point into the mapping (dense values used in place): their pages are
+    // dropped when the chunk is released, not after parsing. Null once the dataset is gone.
+    std::mutex mu;
+    const MappedFile* file = nullptr;
   };
   std::shared_ptr<Resident> resident_ = std::make_shared<Resident>();
 };
