@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "common/dataset/file_source.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/formats/htk/htk_source.h"
@@ -37,13 +38,8 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
   bool keyed = false;
   for (const DeserializerConfig& d : config_.deserializers) keyed = keyed || IsKeyed(d.type);
-  if (keyed) return InitKeyed(options);
-  if (config_.deserializers.size() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "dataset '", config_.name, "' combines ", config_.deserializers.size(),
-        " CNTKTextFormat/CNTKBinary deserializers; composite datasets join KaldiTable deserializers by key "
-        "(a CTF or CBF file holds all its streams itself)"));
-  }
+  // Several deserializers (or a keyed one): sequences joined by key.
+  if (keyed || config_.deserializers.size() > 1) return InitKeyed(options);
   const DeserializerConfig& d = config_.deserializers[0];
   if (d.type != "CNTKTextFormat" && d.type != "CNTKBinary") {
     return absl::UnimplementedError(absl::StrCat("deserializer type '", d.type, "' is not supported by this build"));
@@ -179,20 +175,19 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
   bool htk = false;
   for (size_t s = 0; s < ns; ++s) {
     const DeserializerConfig& d = config_.deserializers[s];
-    if (!IsKeyed(d.type)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "dataset '", config_.name, "': a ", d.type, " deserializer cannot be joined by key with ",
-          "keyed deserializers (composites join KaldiTable, HTKFeature and HTKMLF)"));
-    }
     std::unique_ptr<KeyedSource> src;
-    if (d.type == "KaldiTable") {
+    if (d.type == "CNTKTextFormat" || d.type == "CNTKBinary") {
+      ASSIGN_OR_RETURN(src, OpenFileSource(config_, d, options));
+    } else if (!IsKeyed(d.type)) {
+      return absl::UnimplementedError(absl::StrCat("deserializer type '", d.type, "' is not supported by this build"));
+    } else if (d.type == "KaldiTable") {
       ASSIGN_OR_RETURN(src, OpenKaldiSource(d, d.allow_pipes.value_or(config_.allow_pipes), diagnostics_.get(), budget_.get(), options.progress));
     } else if (d.type == "HTKFeature") {
       ASSIGN_OR_RETURN(src, OpenHtkFeatureSource(d, d.base_dir, diagnostics_.get(), budget_.get()));
     } else {
       ASSIGN_OR_RETURN(src, OpenMlfSource(d, diagnostics_.get(), budget_.get()));
     }
-    if (d.type != "KaldiTable") htk = true;
+    if (d.type == "HTKFeature" || d.type == "HTKMLF") htk = true;
     stream_base_.push_back(streams_.size());
     for (const StreamConfig& sc : src->streams()) streams_.push_back(sc);
     SourceStats st;

@@ -51,7 +51,7 @@ struct SourceStats {
 class Dataset {
  public:
   // Opens `config`. Errors: NotFound (data file), InvalidArgument (config, UTF-16 file),
-  // Unimplemented (a deserializer this build lacks, several deserializers), DataLoss (input
+  // Unimplemented (a deserializer this build lacks), DataLoss (input
   // errors beyond maxErrors found by the index pass, e.g. blank rows).
   static absl::StatusOr<std::unique_ptr<Dataset>> Open(const DatasetConfig& config,
                                                        const DatasetOpenOptions& options = {});
