@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_assembler.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/ipc.h"
 #include "cuda/slot_pool.h"
 
 namespace conveyor {
@@ -99,3 +100,72 @@ absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes) {
 
 }  // namespace gpu
 }  // namespace conveyor
+
+// CUDA IPC (ipc.h).
+namespace conveyor::gpu {
+namespace {
+
+// Runs `f` with `device` current, restoring the caller's device.
+template <typename F>
+cudaError_t OnDevice(int device, F f) {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = f();
+  cudaSetDevice(previous);
+  if (err != cudaSuccess) cudaGetLastError();
+  return err;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ExportIpcHandle(const void* base, int device) {
+  cudaIpcMemHandle_t h;
+  const cudaError_t err = OnDevice(device, [&] { return cudaIpcGetMemHandle(&h, const_cast<void*>(base)); });
+  if (err != cudaSuccess) return absl::InternalError(absl::StrCat("cudaIpcGetMemHandle: ", cudaGetErrorString(err)));
+  static_assert(sizeof(h) == kIpcHandleBytes, "cudaIpcMemHandle_t is 64 bytes");
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  cudaDeviceProp prop;
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(err)));
+  }
+  static_assert(sizeof(prop.uuid) == kDeviceUuidBytes, "a device UUID is 16 bytes");
+  return std::string(reinterpret_cast<const char*>(&prop.uuid), sizeof(prop.uuid));
+}
+
+absl::StatusOr<int> DeviceByUuid(const std::string& uuid) {
+  std::string why;
+  const int n = CudaDeviceCount(&why);
+  for (int d = 0; d < n; ++d) {
+    auto u = DeviceUuid(d);
+    if (u.ok() && *u == uuid) return d;
+  }
+  return absl::NotFoundError(absl::StrCat("the daemon's CUDA device is not visible to this process (", n,
+                                          " device(s) visible", n == 0 ? ": " + why : "",
+                                          "; check CUDA_VISIBLE_DEVICES), so its batches cannot be opened here"));
+}
+
+absl::StatusOr<void*> OpenIpcHandle(const std::string& handle, int device) {
+  if (handle.size() != kIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle is ", kIpcHandleBytes, " bytes, not ", handle.size()));
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* p = nullptr;
+  const cudaError_t err =
+      OnDevice(device, [&] { return cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess); });
+  if (err != cudaSuccess) return absl::InternalError(absl::StrCat("cudaIpcOpenMemHandle: ", cudaGetErrorString(err)));
+  return p;
+}
+
+void CloseIpcHandle(void* ptr, int device) {
+  if (ptr == nullptr) return;
+  OnDevice(device, [&] { return cudaIpcCloseMemHandle(ptr); });
+}
+
+}  // namespace conveyor::gpu

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_assembler.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/ipc.h"
 #include "cuda/kaldi_cm_device.h"
 #include "cuda/slot_pool.h"
 
@@ -67,3 +68,11 @@ absl::Status DeviceCmDecoder::DecodeToHost(absl::Span<const CompressedJob>, floa
 
 }  // namespace gpu
 }  // namespace conveyor
+
+namespace conveyor::gpu {
+absl::StatusOr<std::string> ExportIpcHandle(const void*, int) { return absl::UnimplementedError(kNotBuilt); }
+absl::StatusOr<std::string> DeviceUuid(int) { return absl::UnimplementedError(kNotBuilt); }
+absl::StatusOr<int> DeviceByUuid(const std::string&) { return absl::UnimplementedError(kNotBuilt); }
+absl::StatusOr<void*> OpenIpcHandle(const std::string&, int) { return absl::UnimplementedError(kNotBuilt); }
+void CloseIpcHandle(void*, int) {}
+}  // namespace conveyor::gpu

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/ipc.h"
+#include "cuda/slot_pool.h"
 #include "proto/wire.h"
 #include "server/status_convert.h"
 
@@ -48,8 +50,22 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
       return absl::InvalidArgumentError("shared memory needs the daemon's unix socket (started without one)");
     }
     shm_ = true;
+  } else if (s.transport() == v1::TRANSPORT_CUDA_IPC) {
+    std::string why;
+    const int devices = CudaDeviceCount(&why);
+    if (devices == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TRANSPORT_CUDA_IPC needs a CUDA device on the daemon's host, and it has none (", why,
+          "); subscribe with TRANSPORT_SHARED_MEMORY or TRANSPORT_INLINE"));
+    }
+    cuda_device_ = s.has_cuda_device() ? s.cuda_device() : service_->options_.cuda_device;
+    if (cuda_device_ < 0 || cuda_device_ >= devices) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda_device ", cuda_device_, " is not one of the daemon's ", devices,
+                                                     " CUDA device(s)"));
+    }
+    cuda_ipc_ = true;
   } else if (s.transport() != v1::TRANSPORT_INLINE) {
-    return absl::InvalidArgumentError("only TRANSPORT_INLINE and TRANSPORT_SHARED_MEMORY are served by this daemon version");
+    return absl::InvalidArgumentError(absl::StrCat("unknown transport ", static_cast<int>(s.transport())));
   }
   auto ds = service_->registry_->Find(s.dataset());
   if (!ds.ok()) return ds.status();
@@ -82,7 +98,13 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   resolved_ = std::move(*resolved);
   resolved_.loader.pool = service_->pool_.get();
   std::string note;
-  assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
+  if (cuda_ipc_) {  // batches are assembled where they travel from: device memory
+    auto cuda = MakeCudaAssembler(cuda_device_);
+    if (!cuda.ok()) return cuda.status();
+    assembler_ = std::move(*cuda);
+  } else {
+    assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
+  }
   auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
   if (!loader.ok()) return loader.status();
   loader_ = std::move(*loader);
@@ -99,22 +121,43 @@ absl::StatusOr<StreamReactor::SlotRef> StreamReactor::ReserveSlot(uint64_t seria
     // aligned so that the arrays inside keep their alignment.
     const uint64_t want = static_cast<uint64_t>(service_->options_.slot_headroom * static_cast<double>(bytes));
     const uint64_t slot = std::max<uint64_t>(service_->options_.min_slot_bytes, (std::max<uint64_t>(want, bytes) + 255) / 256 * 256);
-    lock.unlock();
-    auto shm = ShmSegment::Create(slot * slots_per_segment_);
-    if (!shm.ok()) return shm.status();
-    lock.lock();
     Segment seg;
-    seg.id = static_cast<uint32_t>(segments_.size());
-    seg.shm = *shm;
+    v1::StreamResponse announce;
+    if (cuda_ipc_) {
+      lock.unlock();
+      const uint64_t bytes_total = slot * slots_per_segment_;
+      auto block = gpu::AllocateMemory(gpu::MemoryKind::kDevice, bytes_total, cuda_device_);
+      if (!block.ok()) return block.status();
+      const int device = cuda_device_;
+      seg.device = std::shared_ptr<void>(*block, [device](void* p) { gpu::FreeMemory(gpu::MemoryKind::kDevice, p, device); });
+      auto handle = gpu::ExportIpcHandle(seg.device.get(), device);
+      if (!handle.ok()) return handle.status();
+      auto uuid = gpu::DeviceUuid(device);
+      if (!uuid.ok()) return uuid.status();
+      lock.lock();
+      seg.id = static_cast<uint32_t>(segments_.size());
+      v1::CudaIpcSegment* a = announce.mutable_cuda_segment();
+      a->set_id(seg.id);
+      a->set_bytes(bytes_total);
+      a->set_handle(*handle);
+      a->set_device_uuid(*uuid);
+      a->set_device(device);
+    } else {
+      lock.unlock();
+      auto shm = ShmSegment::Create(slot * slots_per_segment_);
+      if (!shm.ok()) return shm.status();
+      lock.lock();
+      seg.id = static_cast<uint32_t>(segments_.size());
+      seg.shm = *shm;
+      seg.token = service_->options_.fd_server->Register(seg.shm);
+      v1::SharedMemorySegment* a = announce.mutable_segment();
+      a->set_id(seg.id);
+      a->set_bytes(seg.shm->size());
+      a->set_token(seg.token);
+      a->set_fd_socket(service_->options_.fd_server->path());
+    }
     seg.slot_bytes = slot;
     for (uint32_t i = slots_per_segment_; i > 0; --i) seg.free_slots.push_back(i - 1);
-    seg.token = service_->options_.fd_server->Register(seg.shm);
-    v1::StreamResponse announce;
-    v1::SharedMemorySegment* a = announce.mutable_segment();
-    a->set_id(seg.id);
-    a->set_bytes(seg.shm->size());
-    a->set_token(seg.token);
-    a->set_fd_socket(service_->options_.fd_server->path());
     messages->push_back(std::move(announce));
     segments_.push_back(std::move(seg));
   }
@@ -126,7 +169,7 @@ absl::StatusOr<StreamReactor::SlotRef> StreamReactor::ReserveSlot(uint64_t seria
   SlotRef ref;
   ref.segment = seg.id;
   ref.offset = uint64_t{slot} * seg.slot_bytes;
-  ref.data = seg.shm->data() + ref.offset;
+  ref.data = (seg.device ? static_cast<std::byte*>(seg.device.get()) : seg.shm->data()) + ref.offset;
   return ref;
 }
 
@@ -194,7 +237,7 @@ void StreamReactor::Produce() {
     std::string payload;
     SlotRef slot;
     auto destination = [&](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
-      if (shm_) {
+      if (shm_ || cuda_ipc_) {
         auto reserved = ReserveSlot(serial, size, &messages);
         if (!reserved.ok()) return reserved.status();
         slot = *reserved;
@@ -237,6 +280,10 @@ void StreamReactor::Produce() {
       d->set_parts(0);
       d->mutable_shm()->set_segment(slot.segment);
       d->mutable_shm()->set_offset(slot.offset);
+    } else if (cuda_ipc_) {
+      d->set_parts(0);
+      d->mutable_cuda_ipc()->set_segment(slot.segment);
+      d->mutable_cuda_ipc()->set_offset(slot.offset);
     } else {
       // Parts after the first are copied out; the first keeps the assembled buffer itself.
       for (uint64_t off = part; off < total; off += part) {
@@ -258,7 +305,7 @@ void StreamReactor::Produce() {
     ++next_serial_;
     outstanding_.insert(serial);
     if (Metrics* m = service_->options_.metrics) {
-      m->Served(dataset_->config().name, shm_ ? "shm" : "inline", total, batch.plan.num_samples);
+      m->Served(dataset_->config().name, shm_ ? "shm" : cuda_ipc_ ? "cuda_ipc" : "inline", total, batch.plan.num_samples);
       m->InFlight(1);
       const double parsed = loader_->pipeline().parse_seconds();
       m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);

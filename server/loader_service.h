@@ -92,14 +92,18 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   double parse_seconds_reported_ = 0;
   // Shared-memory transport: segments of equal slots; a batch takes a free slot of the
   // newest segment and its ack gives the slot back.
+  // CUDA IPC: the same, in blocks of device memory exported with cudaIpcGetMemHandle.
   struct Segment {
     uint32_t id;
     std::shared_ptr<ShmSegment> shm;
+    std::shared_ptr<void> device;  // CUDA IPC: the block (freed with the stream)
     uint64_t slot_bytes;
     std::vector<uint32_t> free_slots;
     std::string token;
   };
   bool shm_ = false;
+  bool cuda_ipc_ = false;
+  int cuda_device_ = 0;
   uint32_t slots_per_segment_ = 0;
   std::vector<Segment> segments_;
   std::map<uint64_t, std::pair<uint32_t, uint32_t>> slot_of_serial_;  // serial -> (segment, slot)

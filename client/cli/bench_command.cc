@@ -94,6 +94,7 @@ int RunBenchRemote(const BenchArgs& args) {
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
   if (args.transport == "shm") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+  if (args.transport == "cuda") s.set_transport(v1::TRANSPORT_CUDA_IPC);  // batches stay on the daemon's GPU
   auto sub = (*client)->Subscribe(s);
   if (!sub.ok()) return Fail(sub.status());
   ReceivedBatch batch;
@@ -193,7 +194,10 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--dataset", args->dataset, "Dataset to read (may be left out when there is only one)");
   AddStreamOptions(cmd, &args->stream);
   cmd->add_flag("--json", args->json, "Print only the JSON summary line");
-  cmd->add_option("--transport", args->transport, "From a daemon: inline (default) or shm");
+  cmd->add_option("--transport", args->transport,
+                  "From a daemon: inline (default), shm (same host) or cuda (same host, batches assembled on "
+                  "the daemon's GPU and opened here with CUDA IPC; bytes counted, not read)")
+      ->check(CLI::IsMember({"inline", "shm", "cuda"}));
   cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4)");
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }

@@ -1,4 +1,5 @@
 #include "client/cpp/conveyor_client.h"
+#include "cuda/ipc.h"
 
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
@@ -60,6 +61,7 @@ absl::Status ReceivedBatch::Validate() {
     return absl::InvalidArgumentError(absl::StrCat("batch ", descriptor_.serial(), " has ", size_,
                                                    " bytes, its descriptor says ", plan_.total_bytes));
   }
+  if (on_device_) return absl::OkStatus();  // device memory: the host cannot look inside
   const char* base = data_;
   for (const StreamLayout& L : plan_.streams) {
     const uint64_t rows = plan_.shape.rows;
@@ -217,6 +219,7 @@ absl::Status Subscription::Open() {
   stream_ = stub_->Stream(context_.get());
   has_unacked_ = false;
   segments_.clear();  // a new stream announces its own segments (batches in hand keep theirs)
+  device_segments_.clear();
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
@@ -280,6 +283,33 @@ absl::Status Subscription::MapSegment(const v1::SharedMemorySegment& s) {
   return absl::OkStatus();
 }
 
+struct Subscription::DeviceMapping {
+  void* data = nullptr;
+  uint64_t size = 0;
+  int device = 0;
+  ~DeviceMapping() { gpu::CloseIpcHandle(data, device); }
+};
+
+absl::Status Subscription::OpenDeviceSegment(const v1::CudaIpcSegment& s) {
+  if (s.handle().size() != gpu::kIpcHandleBytes || s.device_uuid().size() != gpu::kDeviceUuidBytes || s.bytes() == 0 ||
+      s.bytes() > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError("a CUDA IPC segment announcement is malformed");
+  }
+  auto device = gpu::DeviceByUuid(s.device_uuid());
+  if (!device.ok()) return device.status();
+  auto p = gpu::OpenIpcHandle(s.handle(), *device);
+  if (!p.ok()) {
+    return absl::Status(p.status().code(), absl::StrCat(p.status().message(),
+                                                        " (CUDA IPC needs the daemon on this host, with access to the device)"));
+  }
+  auto m = std::make_shared<DeviceMapping>();
+  m->data = *p;
+  m->size = s.bytes();
+  m->device = *device;
+  device_segments_[s.id()] = std::move(m);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   v1::StreamResponse msg;
   while (true) {
@@ -288,6 +318,11 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
       stream_.reset();
       if (st.ok()) return absl::UnavailableError("the stream ended without an end-of-stream message");
       return FromGrpc(st);
+    }
+    if (msg.has_cuda_segment()) {
+      absl::Status opened = OpenDeviceSegment(msg.cuda_segment());
+      if (!opened.ok()) return opened;
+      continue;
     }
     if (!msg.has_segment()) break;
     absl::Status mapped = MapSegment(msg.segment());
@@ -307,6 +342,26 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   const uint64_t total = b.descriptor_.total_bytes();
   if (total > (uint64_t{1} << 34)) return absl::InvalidArgumentError("batch larger than 16 GiB");
   b.mapping_.reset();
+  b.on_device_ = false;
+  b.device_ = -1;
+  if (b.descriptor_.has_cuda_ipc()) {
+    auto it = device_segments_.find(b.descriptor_.cuda_ipc().segment());
+    const uint64_t off = b.descriptor_.cuda_ipc().offset();
+    if (it == device_segments_.end() || off > it->second->size || total > it->second->size - off) {
+      return absl::InvalidArgumentError("a batch lies outside its CUDA IPC segment");
+    }
+    b.mapping_ = it->second;
+    b.data_ = static_cast<const char*>(it->second->data) + off;
+    b.size_ = total;
+    b.on_device_ = true;
+    b.device_ = it->second->device;
+    absl::Status valid = b.Validate();
+    if (!valid.ok()) return valid;
+    has_unacked_ = true;
+    unacked_serial_ = b.descriptor_.serial();
+    last_cursor_ = b.descriptor_.cursor();
+    return true;
+  }
   if (b.descriptor_.has_shm()) {
     auto it = segments_.find(b.descriptor_.shm().segment());
     const uint64_t off = b.descriptor_.shm().offset();

@@ -85,7 +85,13 @@ class ReceivedBatch {
   const BatchPlan& plan() const { return plan_; }
   // The batch's bytes: owned (inline transport) or inside a shared-memory segment (valid
   // until the next Subscription::Next(), which acknowledges the batch and frees its slot).
+  // TRANSPORT_CUDA_IPC: device memory on device(), in the daemon's slot, not readable by the
+  // host; the typed views then hold device addresses. Call Next() only once the device work
+  // reading the batch has completed (synchronize its stream or an event recorded after it):
+  // Next() acknowledges the batch and the daemon assembles another into the slot.
   absl::Span<const std::byte> bytes() const { return {reinterpret_cast<const std::byte*>(data_), size_}; }
+  bool on_device() const { return on_device_; }
+  int device() const { return device_; }  // this process's CUDA ordinal; -1 for host batches
   const std::string& cursor() const { return descriptor_.cursor(); }
   uint64_t serial() const { return descriptor_.serial(); }
   // Index of the stream called `name`, or -1.
@@ -112,6 +118,8 @@ class ReceivedBatch {
   std::shared_ptr<const void> mapping_;   // shared memory: keeps the segment mapped
   const char* data_ = nullptr;
   size_t size_ = 0;
+  bool on_device_ = false;
+  int device_ = -1;
 };
 
 struct SubscribeOptions {
@@ -132,8 +140,9 @@ class Subscription {
   const std::string& last_cursor() const { return last_cursor_; }
   // Ends the call; the daemon releases everything the subscription held.
   void Cancel();
-  // Shared-memory segments mapped so far.
+  // Shared-memory segments mapped so far (CUDA IPC blocks opened so far).
   size_t shared_segments() const { return segments_.size(); }
+  size_t cuda_segments() const { return device_segments_.size(); }
   // The daemon address the stream is on (it moves to the next one when a daemon fails).
   const std::string& address() const { return addresses_[current_]; }
 
@@ -161,6 +170,9 @@ class Subscription {
   struct Mapping;
   std::map<uint32_t, std::shared_ptr<Mapping>> segments_;  // shared memory, by segment id
   absl::Status MapSegment(const v1::SharedMemorySegment& s);
+  struct DeviceMapping;
+  std::map<uint32_t, std::shared_ptr<DeviceMapping>> device_segments_;  // CUDA IPC, by segment id
+  absl::Status OpenDeviceSegment(const v1::CudaIpcSegment& s);
 };
 
 struct ClientOptions {

@@ -94,6 +94,34 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(collect("shm"), collect("inline"))
         client.close()
 
+    def test_cuda_transport_is_refused_without_a_device_or_equals_shm(self):
+        unix = "unix:" + os.path.join(self.tmp.name, "d.sock")
+        client = conveyor.Client(unix)
+        try:
+            import torch
+            has_device = torch.cuda.is_available()
+        except ImportError:
+            has_device = False
+        if not has_device:
+            with self.assertRaises(conveyor.ConveyorError) as e:
+                next(iter(client.subscribe("sequences", minibatch_size=30, transport="cuda")))
+            self.assertEqual(e.exception.code.name, "FAILED_PRECONDITION")
+            self.assertIn("TRANSPORT_CUDA_IPC needs a CUDA device", str(e.exception))
+            self.assertIn("TRANSPORT_SHARED_MEMORY", str(e.exception))
+        else:  # the same batches as shared memory, as CUDA tensors in the daemon's slots
+            def collect(transport):
+                out = []
+                for b in client.subscribe("sequences", minibatch_size=30, randomize=True, transport=transport):
+                    colptr, rowind, values, _ = b.csc("word")
+                    t = lambda a: a.cpu().tolist() if hasattr(a, "cpu") else a.tolist()
+                    out.append((b.index, t(colptr), t(rowind), t(values), t(b.lengths("word"))))
+                    b.release()
+                return out
+            self.assertEqual(collect("cuda"), collect("shm"))
+        with self.assertRaises(ValueError):
+            client.subscribe("sequences", transport="nvlink")
+        client.close()
+
     def test_arrays_are_views_without_copy(self):
         b = next(iter(self.client.subscribe("simple", minibatch_size=10)))
         x = b.dense("features")

@@ -20,6 +20,7 @@
 #include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
 #include "gtest/gtest.h"
+#include "cuda/cuda_backend.h"
 #include "server/loader_service.h"
 #include "tests/test_util.h"
 
@@ -489,6 +490,31 @@ std::set<std::string> DevShm() {
   while (p && std::fgets(buf, sizeof(buf), p)) names.insert(buf);
   if (p) ::pclose(p);
   return names;
+}
+
+// CUDA IPC: without a device on the daemon's host the subscription is refused with what
+// to use instead; an unknown transport is refused too. (With a device, the daemon's blocks
+// cannot be opened by its own process: the cross-process test is CudaIpcGpu in the GPU
+// binary, and RESULTS.md has the command for a real subscriber.)
+TEST(CudaIpc, WithoutADeviceTheSubscriptionIsRefusedWithTheAlternatives) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "this host has a CUDA device: the refusal does not apply";
+  Daemon d;
+  auto client = Client::Connect(d.unix_socket());
+  v1::Subscribe s = Sub("sparse", 64);
+  s.set_transport(v1::TRANSPORT_CUDA_IPC);
+  auto sub = (*client)->Subscribe(s);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ReceivedBatch b;
+  auto more = (*sub)->Next(&b);
+  ASSERT_FALSE(more.ok());
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kFailedPrecondition) << more.status();
+  EXPECT_NE(more.status().message().find("TRANSPORT_CUDA_IPC needs a CUDA device on the daemon's host"), std::string::npos)
+      << more.status();
+  EXPECT_NE(more.status().message().find("TRANSPORT_SHARED_MEMORY"), std::string::npos);
+  v1::Subscribe unknown = Sub("sparse", 64);
+  unknown.set_transport(static_cast<v1::Transport>(9));
+  EXPECT_EQ(RawStream(d.tcp(), {SubscribeRequest(unknown)}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST(SharedMemory, DeliversTheSameBytesAsInline) {

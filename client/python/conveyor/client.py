@@ -9,6 +9,7 @@ import time
 import grpc
 import numpy as np
 
+from conveyor import cuda_ipc
 from conveyor.v1 import conveyor_pb2 as pb
 from conveyor.v1 import conveyor_pb2_grpc as pb_grpc
 
@@ -35,10 +36,44 @@ class Batch:
     (inline transport), or the daemon's shared-memory slot (read-only; valid until the next
     batch is asked for, which acknowledges this one and lets the daemon reuse the slot)."""
 
-    def __init__(self, descriptor, buffer):
+    def __init__(self, descriptor, buffer, block=None, offset=0):
         self.descriptor = descriptor
-        self.buffer = buffer  # bytearray of descriptor.total_bytes
+        self.buffer = buffer  # bytearray of descriptor.total_bytes (None for a device batch)
         self._streams = {s.name: s for s in descriptor.streams}
+        # transport="cuda": the batch lies in the daemon's device memory, in `block` at
+        # `offset`; arrays are torch CUDA tensors over it (no copy).
+        self._block = block
+        self._offset = offset
+        self._event = None
+
+    @property
+    def on_device(self):
+        return self._block is not None
+
+    @property
+    def device(self):
+        """The CUDA device (this process's ordinal) of a device batch, else None."""
+        return self._block.device if self._block is not None else None
+
+    def release(self, stream=None):
+        """A device batch: say the work reading it is queued on `stream` (default: the
+        device's current torch stream). The subscription acknowledges the batch, letting the
+        daemon reuse its slot, only once that work has completed (an event recorded now).
+        Without release(), the current stream is synchronized before the ack."""
+        if self._block is None:
+            return
+        import torch
+        self._event = torch.cuda.Event()
+        self._event.record(stream or torch.cuda.current_stream(self._block.device))
+
+    def _wait_released(self):
+        if self._block is None:
+            return
+        import torch
+        if self._event is None:
+            torch.cuda.current_stream(self._block.device).synchronize()
+        else:
+            self._event.synchronize()
 
     epoch = property(lambda self: self.descriptor.epoch)
     index = property(lambda self: self.descriptor.batch)
@@ -59,6 +94,8 @@ class Batch:
         return list(self.descriptor.pieces.key)
 
     def _array(self, ref):
+        if self._block is not None:
+            return cuda_ipc.tensor(self._block, self._offset, ref)
         if len(ref.shape) == 0:
             return None
         dtype = _DTYPES[ref.dtype]
@@ -100,6 +137,8 @@ class Batch:
         if s.format != pb.FORMAT_IDS:
             raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
         a = self._array(s.values)
+        if self._block is not None:
+            return a
         if a is None or a.dtype != np.int32:
             raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "ids must be int32")
         return a
@@ -114,6 +153,8 @@ class Batch:
         if self.layout(name) != layout:
             raise ValueError(f"stream {name!r} was delivered as {self.layout(name)} (use {self.layout(name)}())")
         ptr, ind, values = self._array(ptr_ref(s)), self._array(ind_ref(s)), self._array(s.values)
+        if self._block is not None:  # device memory: assembled and checked by the daemon's CUDA assembler
+            return ptr, ind, values
         if len(ptr) != outer + 1 or ptr[0] != 0 or ptr[-1] != len(values) or (np.diff(ptr) < 0).any():
             raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, f"bad {layout.upper()} pointers")
         if len(ind) and (ind.min() < 0 or ind.max() >= inner):
@@ -159,6 +200,8 @@ class Subscription:
         self._done = False
         self._reconnects = 0
         self._segments = {}  # shared memory: id -> mmap
+        self._blocks = {}  # CUDA IPC: id -> cuda_ipc.Block
+        self._held = None  # the device batch handed out last (acked once its readers finish)
 
     @property
     def cursor(self):
@@ -172,6 +215,7 @@ class Subscription:
 
     def _open(self):
         self._segments = {}  # a new stream announces its own segments
+        self._blocks = {}
         self._requests = queue.Queue()
         first = pb.StreamRequest()
         first.subscribe.CopyFrom(self._subscribe)
@@ -222,6 +266,9 @@ class Subscription:
                 if self._responses is None:
                     self._open()
                 if self._pending_ack is not None:
+                    if self._held is not None:
+                        self._held._wait_released()
+                        self._held = None
                     ack = pb.StreamRequest()
                     ack.ack.serial = self._pending_ack
                     self._requests.put(ack)
@@ -245,8 +292,14 @@ class Subscription:
 
     def _receive(self):
         msg = next(self._responses, None)
-        while msg is not None and msg.HasField("segment"):
-            self._map_segment(msg.segment)
+        while msg is not None and (msg.HasField("segment") or msg.HasField("cuda_segment")):
+            if msg.HasField("cuda_segment"):
+                try:
+                    self._blocks[msg.cuda_segment.id] = cuda_ipc.Block(msg.cuda_segment)
+                except (RuntimeError, ValueError) as e:
+                    raise ConveyorError(grpc.StatusCode.FAILED_PRECONDITION, str(e), self._cursor) from None
+            else:
+                self._map_segment(msg.segment)
             msg = next(self._responses, None)
         if msg is None:
             raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the stream ended early", self._cursor)
@@ -255,6 +308,14 @@ class Subscription:
             self.close()
             raise StopIteration
         d = msg.batch
+        if d.HasField("cuda_ipc"):
+            block = self._blocks.get(d.cuda_ipc.segment)
+            if block is None or d.cuda_ipc.offset + d.total_bytes > block.size:
+                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch lies outside its CUDA IPC segment")
+            self._pending_ack = d.serial
+            self._cursor = d.cursor
+            self._held = Batch(d, None, block, d.cuda_ipc.offset)
+            return self._held
         if d.HasField("shm"):
             seg = self._segments.get(d.shm.segment)
             if seg is None or d.shm.offset + d.total_bytes > len(seg):
@@ -346,13 +407,18 @@ class Client:
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
-                  reconnect=True, transport="inline", layouts=None):
+                  reconnect=True, transport="inline", layouts=None, cuda_device=None):
         """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after.
         transport="shm" (same host, through the daemon's unix socket): batches stay in the
-        daemon's shared-memory slots and only descriptors travel. `layouts`: {stream: "csc" |
-        "csr" | "dense"} for sparse streams (the daemon converts; default CSC)."""
-        if transport not in ("inline", "shm"):
-            raise ValueError("transport must be 'inline' or 'shm'")
+        daemon's shared-memory slots and only descriptors travel. transport="cuda" (same host,
+        torch with CUDA): the daemon assembles batches on its GPU (`cuda_device`, its ordinal;
+        default its --device) and they stay there: arrays are torch CUDA tensors over the
+        daemon's slot, valid until the next batch is asked for (see Batch.release).
+        `layouts`: {stream: "csc" | "csr" | "dense"} for sparse streams (the daemon converts;
+        default CSC)."""
+        transports = {"inline": pb.TRANSPORT_INLINE, "shm": pb.TRANSPORT_SHARED_MEMORY, "cuda": pb.TRANSPORT_CUDA_IPC}
+        if transport not in transports:
+            raise ValueError("transport must be 'inline', 'shm' or 'cuda'")
         names = {"csc": pb.LAYOUT_CSC, "csr": pb.LAYOUT_CSR, "dense": pb.LAYOUT_DENSE}
         for stream, layout in (layouts or {}).items():
             if layout not in names:
@@ -360,7 +426,9 @@ class Client:
         s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
                          truncation=truncation, parallel=parallel, initial_credits=credits,
                          resume_cursor=resume or "",
-                         transport=pb.TRANSPORT_SHARED_MEMORY if transport == "shm" else pb.TRANSPORT_INLINE)
+                         transport=transports[transport])
+        if cuda_device is not None:
+            s.cuda_device = cuda_device
         for stream, layout in (layouts or {}).items():
             s.layouts[stream] = names[layout]
         if seed is not None:

@@ -1,6 +1,8 @@
 """PyTorch integration: an IterableDataset over a conveyord stream.
 
     ds = ConveyorDataset("127.0.0.1:7070", "train", minibatch_size=256, epochs=1)
+    # same host, GPU: ConveyorDataset("unix:/run/conveyor.sock", "train", transport="cuda")
+    #   batches are assembled on the daemon's GPU and arrive as CUDA tensors (no copy)
     for batch in torch.utils.data.DataLoader(ds, batch_size=None):
         x = batch["features"]          # dense: torch tensor sharing the batch's buffer
         y = batch["labels"]            # sparse: torch.sparse_csc_tensor (or csr / dense)
@@ -24,18 +26,21 @@ warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta st
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+def _tensor(a):
+    """numpy views become tensors sharing their memory; device batches are tensors already."""
+    return a if a is None or isinstance(a, torch.Tensor) else torch.from_numpy(a)
+
+
 def _sparse(batch, name):
     """A sparse stream as the daemon delivered it (it converts to the layout asked for)."""
     layout = batch.layout(name)
     if layout == "dense":
-        return torch.from_numpy(batch.dense(name))
+        return _tensor(batch.dense(name))
     if layout == "csr":
         rowptr, colind, values, (dim, columns) = batch.csr(name)
-        return torch.sparse_csr_tensor(torch.from_numpy(rowptr.astype("int64")), torch.from_numpy(colind.astype("int64")),
-                                       torch.from_numpy(values), size=(dim, columns))
+        return torch.sparse_csr_tensor(_tensor(rowptr).long(), _tensor(colind).long(), _tensor(values), size=(dim, columns))
     colptr, rowind, values, (dim, columns) = batch.csc(name)
-    return torch.sparse_csc_tensor(torch.from_numpy(colptr.astype("int64")), torch.from_numpy(rowind.astype("int64")),
-                                   torch.from_numpy(values), size=(dim, columns))
+    return torch.sparse_csc_tensor(_tensor(colptr).long(), _tensor(rowind).long(), _tensor(values), size=(dim, columns))
 
 
 class ConveyorDataset(torch.utils.data.IterableDataset):
@@ -85,12 +90,12 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                     if s.format == 1:  # FORMAT_SPARSE
                         out[s.name] = _sparse(batch, s.name)
                     elif s.format == 2:  # FORMAT_IDS: int64, what embedding and loss functions index with
-                        out[s.name] = torch.from_numpy(batch.ids(s.name)).long()
+                        out[s.name] = _tensor(batch.ids(s.name)).long()
                     else:
-                        out[s.name] = torch.from_numpy(batch.dense(s.name))
+                        out[s.name] = _tensor(batch.dense(s.name))
                     l = batch.lengths(s.name)
                     if l is not None:
-                        lengths[s.name] = torch.from_numpy(l)
+                        lengths[s.name] = _tensor(l)
                 out["_lengths"] = lengths
                 out["_cursor"] = batch.cursor
                 self._cursor = batch.cursor
