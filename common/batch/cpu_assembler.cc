@@ -87,11 +87,18 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
     T* out = reinterpret_cast<T*>(dst + L.values.offset);
     const uint64_t row_values = L.dim;
     // Pieces never overlap: when they cover every (row, step) there is no padding to zero.
+    // When each row holds one piece from step 0 (sequence mode without BPTT), only each
+    // row's tail past its piece is padding. Otherwise the whole array is zeroed first.
     uint64_t covered = 0;
+    bool one_piece_a_row = L.format == StreamFormat::kDense && pieces.size() == rows && plan.shape.steps == 0;
     if (L.format == StreamFormat::kDense) {
-      for (size_t i = 0; i < pieces.size(); ++i) covered += plan.count(i, s);
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        covered += plan.count(i, s);
+        one_piece_a_row = one_piece_a_row && pieces[i].t0 == 0;
+      }
     }
-    if (covered != rows * T_len) std::memset(out, 0, L.values.bytes);
+    const bool zero_tails = covered != rows * T_len && one_piece_a_row;
+    if (covered != rows * T_len && !one_piece_a_row) std::memset(out, 0, L.values.bytes);
     // Dense copies: a piece whose source and destination both continue the previous one's
     // (consecutive sequences lying back to back in a chunk or a mapped file) extends one copy.
     const std::byte* run_src = nullptr;
@@ -103,6 +110,7 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       uint64_t b;
       const uint32_t c = PieceSamples(p, s, &b);
       T* at = out + (p.row * T_len + p.t0) * row_values;
+      if (zero_tails && c < T_len) std::memset(at + c * row_values, 0, (T_len - c) * row_values * sizeof(T));
       if (c == 0) continue;
       if (L.format == StreamFormat::kDense) {
         const std::byte* src = ps.DenseSamples(p.slot, b, sizeof(T));

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <type_traits>
 #include <filesystem>
 #include <map>
 #include <unordered_map>
@@ -412,6 +413,28 @@ class HtkFeatureSource final : public KeyedSource {
   }
 
  private:
+  // n float32 values at p (any alignment), byte-swapped when big endian, as T. Two plain
+  // loops the compiler vectorizes (a shuffle per vector).
+  template <typename T>
+  static void LoadFloats(const char* p, size_t n, bool big_endian, T* out) {
+    if (big_endian) {
+      for (size_t j = 0; j < n; ++j) {
+        uint32_t u;
+        std::memcpy(&u, p + 4 * j, 4);
+        u = __builtin_bswap32(u);
+        float f;
+        std::memcpy(&f, &u, 4);
+        out[j] = static_cast<T>(f);
+      }
+    } else {
+      for (size_t j = 0; j < n; ++j) {
+        float f;
+        std::memcpy(&f, p + 4 * j, 4);
+        out[j] = static_cast<T>(f);
+      }
+    }
+  }
+
   template <typename T>
   absl::Status DecodeAs(size_t i, ParsedStream& ps) const {
     const Entry& e = entries_[i];
@@ -426,7 +449,14 @@ class HtkFeatureSource final : public KeyedSource {
     std::vector<float> frames(windowed ? static_cast<size_t>(e.frames) * d : 0);
     const size_t direct = values.size();
     if (!windowed) values.resize(direct + static_cast<size_t>(e.frames) * d);
-    for (int64_t t = 0; t < e.frames; ++t) {
+    const bool contiguous = !h.compressed && static_cast<uint64_t>(h.sample_bytes) == uint64_t{4} * d;
+    if (contiguous) {  // the utterance's frames lie back to back: one pass over all of them
+      const char* p = base + h.data_offset + static_cast<uint64_t>(e.first) * static_cast<uint64_t>(h.sample_bytes);
+      const size_t n = static_cast<size_t>(e.frames) * d;
+      if (windowed) LoadFloats(p, n, h.big_endian, frames.data());
+      else LoadFloats(p, n, h.big_endian, values.data() + direct);
+    }
+    for (int64_t t = 0; t < e.frames && !contiguous; ++t) {
       const char* p = base + h.data_offset + static_cast<uint64_t>(e.first + t) * static_cast<uint64_t>(h.sample_bytes);
       auto put = [&](uint32_t j, float v) {
         if (windowed) frames[static_cast<size_t>(t) * d + j] = v;
@@ -454,7 +484,12 @@ class HtkFeatureSource final : public KeyedSource {
       for (int64_t k = t - left_; k <= t + right_; ++k) {
         const int64_t src = std::min(std::max<int64_t>(k, 0), e.frames - 1);
         const float* from = frames.data() + src * d;
-        for (uint32_t j = 0; j < d; ++j) values[w++] = static_cast<T>(from[j]);
+        if constexpr (std::is_same_v<T, float>) {
+          std::memcpy(values.data() + w, from, d * sizeof(float));
+          w += d;
+        } else {
+          for (uint32_t j = 0; j < d; ++j) values[w++] = static_cast<T>(from[j]);
+        }
       }
     }
     ps.sequence_begin.push_back(ps.sequence_begin.back() + static_cast<uint64_t>(e.frames));
