@@ -6,6 +6,8 @@
 // scp forms, MLF errors and truncations by hand.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cmath>
 #include <cstring>
 
@@ -220,6 +222,48 @@ datasets:
   auto dump1 = DumpDataset(one->datasets[0], ReadOptions());
   ASSERT_TRUE(dump1.ok()) << dump1.status();
   EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
+}
+
+// Uncompressed big-endian frames decode in one pass per utterance (vectorized swap; in
+// blocks when widened to double): every value exact, in float and double, with and without
+// a context window, on utterances longer than the widening block.
+TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
+  TempDir dir;
+  const int frames = 300, d = 3;
+  std::vector<float> values(frames * d);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) * 0.25f - 3;
+  dir.Write("f.htk", BigEndianHtk(frames, 100000, 4 * d, 9, values));
+  dir.Write("f.scp", "a=.../f.htk[0,199]\nb=.../f.htk[200,299]\n");
+  for (const char* precision : {"float", "double"}) {
+    for (int window : {1, 3}) {
+      SCOPED_TRACE(absl::StrCat(precision, " window ", window));
+      auto config = LoadConfigFile(dir.Write("c.yaml", absl::StrCat(
+          "datasets:\n  h:\n    randomize: false\n    precision: ", precision, "\n    deserializers:\n"
+          "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", d * window,
+          window > 1 ? ", contextWindow: 3" : "", "}}\n")));
+      ASSERT_TRUE(config.ok()) << config.status();
+      auto dump = DumpDataset(config->datasets[0], ReadOptions());
+      ASSERT_TRUE(dump.ok()) << dump.status();
+      std::string want;
+      for (auto [key, first, last] : {std::make_tuple("a", 0, 199), std::make_tuple("b", 200, 299)}) {
+        absl::StrAppend(&want, "{\"epoch\":0,\"batch\":0,\"key\":\"", key, "\",\"streams\":{\"x\":{\"dense\":[");
+        for (int t = first; t <= last; ++t) {
+          want += t > first ? ",[" : "[";
+          bool comma = false;
+          for (int k = t - (window - 1) / 2; k <= t + (window - 1) / 2; ++k) {
+            const int f = std::min(std::max(k, first), last);
+            for (int j = 0; j < d; ++j) {
+              absl::StrAppend(&want, comma ? "," : "", values[f * d + j]);
+              comma = true;
+            }
+          }
+          want += "]";
+        }
+        want += "]}}}\n";
+      }
+      EXPECT_EQ(*dump, want);
+    }
+  }
 }
 
 // A context window repeats every frame window-fold in the parsed chunk: chunks are cut by

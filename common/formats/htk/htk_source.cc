@@ -261,6 +261,31 @@ absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path
 
 namespace {
 
+// n float32 values at p (any alignment), byte-swapped when big endian, into out. Plain loops
+// (the swap as shifts and masks) that the compiler vectorizes, built for AVX2 and the baseline.
+__attribute__((target_clones("avx2", "default"))) void LoadFloats(const char* __restrict p, size_t n,
+                                                                  bool big_endian, float* __restrict out) {
+  if (!big_endian) {
+    std::memcpy(out, p, n * sizeof(float));
+    return;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, p + 4 * j, 4);
+    u = (u >> 24) | ((u >> 8) & 0xff00u) | ((u << 8) & 0xff0000u) | (u << 24);
+    std::memcpy(out + j, &u, 4);
+  }
+}
+
+void LoadFloats(const char* p, size_t n, bool big_endian, double* out) {
+  float block[256];
+  for (size_t at = 0; at < n; at += 256) {
+    const size_t k = std::min<size_t>(256, n - at);
+    LoadFloats(p + 4 * at, k, big_endian, block);
+    for (size_t j = 0; j < k; ++j) out[at + j] = block[j];
+  }
+}
+
 class HtkFeatureSource final : public KeyedSource {
  public:
   struct File {
@@ -413,28 +438,6 @@ class HtkFeatureSource final : public KeyedSource {
   }
 
  private:
-  // n float32 values at p (any alignment), byte-swapped when big endian, as T. Two plain
-  // loops the compiler vectorizes (a shuffle per vector).
-  template <typename T>
-  static void LoadFloats(const char* p, size_t n, bool big_endian, T* out) {
-    if (big_endian) {
-      for (size_t j = 0; j < n; ++j) {
-        uint32_t u;
-        std::memcpy(&u, p + 4 * j, 4);
-        u = __builtin_bswap32(u);
-        float f;
-        std::memcpy(&f, &u, 4);
-        out[j] = static_cast<T>(f);
-      }
-    } else {
-      for (size_t j = 0; j < n; ++j) {
-        float f;
-        std::memcpy(&f, p + 4 * j, 4);
-        out[j] = static_cast<T>(f);
-      }
-    }
-  }
-
   template <typename T>
   absl::Status DecodeAs(size_t i, ParsedStream& ps) const {
     const Entry& e = entries_[i];
