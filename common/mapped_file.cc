@@ -95,12 +95,18 @@ MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
 }
 
-void MappedFile::WillNeed(uint64_t offset, uint64_t length) const {
+void MappedFile::WillNeed(uint64_t offset, uint64_t length, bool populate) const {
   if (size_ == 0 || offset >= size_) return;
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t begin = offset / page * page;
   const uint64_t end = std::min<uint64_t>(size_, offset + length);
-  ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_WILLNEED);
+  // MADV_POPULATE_READ: Linux 5.14; older kernels refuse it and get readahead.
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+  if (!populate || ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_POPULATE_READ) != 0) {
+    ::madvise(const_cast<char*>(data_) + begin, end - begin, MADV_WILLNEED);
+  }
 }
 
 void MappedFile::DontNeed(uint64_t offset, uint64_t length) const {

@@ -39,8 +39,10 @@ class MappedFile {
   const std::string& path() const { return path_; }
   const FileStamp& stamp() const { return stamp_; }
 
-  // Tells the kernel the range [offset, offset+length) will be read soon (readahead).
-  void WillNeed(uint64_t offset, uint64_t length) const;
+  // Tells the kernel the range [offset, offset+length) will be read soon (readahead). With
+  // `populate` (a whole chunk read right after this), maps it in one call where the kernel
+  // can (MADV_POPULATE_READ) instead of a page fault every few pages.
+  void WillNeed(uint64_t offset, uint64_t length, bool populate = false) const;
   // Drops the range's pages from this mapping (they stay in the page cache): after a chunk
   // is parsed its text is not needed, and the process's RSS stays bounded by the window.
   void DontNeed(uint64_t offset, uint64_t length) const;

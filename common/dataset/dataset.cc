@@ -435,7 +435,7 @@ void Dataset::WillNeed(uint64_t chunk_id) const {
       for (size_t s = 0; s < ns; ++s) keyed_[s]->WillNeed(joined_[i * ns + s]);
     return;
   }
-  file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset);
+  file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset, /*populate=*/true);  // parsed right after
 }
 
 void Dataset::DoneWith(uint64_t chunk_id) const {
