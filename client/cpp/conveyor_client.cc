@@ -344,39 +344,39 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   b.mapping_.reset();
   b.on_device_ = false;
   b.device_ = -1;
-  if (b.descriptor_.has_cuda_ipc()) {
-    auto it = device_segments_.find(b.descriptor_.cuda_ipc().segment());
-    const uint64_t off = b.descriptor_.cuda_ipc().offset();
-    if (it == device_segments_.end() || off > it->second->size || total > it->second->size - off) {
-      return absl::InvalidArgumentError("a batch lies outside its CUDA IPC segment");
+  // A batch in a shared segment (memfd or device block): checked against the segment, then
+  // handed out in place.
+  auto in_segment = [&](const auto& segments, uint32_t id, uint64_t off, const char* what) -> absl::Status {
+    auto it = segments.find(id);
+    if (it == segments.end() || off > it->second->size || total > it->second->size - off) {
+      return absl::InvalidArgumentError(absl::StrCat("a batch lies outside its ", what, " segment"));
     }
     b.mapping_ = it->second;
     b.data_ = static_cast<const char*>(it->second->data) + off;
     b.size_ = total;
-    b.on_device_ = true;
-    b.device_ = it->second->device;
+    return absl::OkStatus();
+  };
+  auto hold = [&]() -> absl::StatusOr<bool> {
     absl::Status valid = b.Validate();
     if (!valid.ok()) return valid;
     has_unacked_ = true;
     unacked_serial_ = b.descriptor_.serial();
     last_cursor_ = b.descriptor_.cursor();
     return true;
+  };
+  if (b.descriptor_.has_cuda_ipc()) {
+    const auto& slot = b.descriptor_.cuda_ipc();
+    absl::Status st = in_segment(device_segments_, slot.segment(), slot.offset(), "CUDA IPC");
+    if (!st.ok()) return st;
+    b.on_device_ = true;
+    b.device_ = device_segments_[slot.segment()]->device;
+    return hold();
   }
   if (b.descriptor_.has_shm()) {
-    auto it = segments_.find(b.descriptor_.shm().segment());
-    const uint64_t off = b.descriptor_.shm().offset();
-    if (it == segments_.end() || off > it->second->size || total > it->second->size - off) {
-      return absl::InvalidArgumentError("a batch lies outside its shared-memory segment");
-    }
-    b.mapping_ = it->second;
-    b.data_ = it->second->data + off;
-    b.size_ = total;
-    absl::Status valid = b.Validate();
-    if (!valid.ok()) return valid;
-    has_unacked_ = true;
-    unacked_serial_ = b.descriptor_.serial();
-    last_cursor_ = b.descriptor_.cursor();
-    return true;
+    const auto& slot = b.descriptor_.shm();
+    absl::Status st = in_segment(segments_, slot.segment(), slot.offset(), "shared-memory");
+    if (!st.ok()) return st;
+    return hold();
   }
   // The first part's bytes move out of the message (no copy for a one-part batch).
   b.bytes_ = std::move(*b.descriptor_.mutable_payload()->mutable_data());
@@ -396,12 +396,7 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   }
   b.data_ = b.bytes_.data();
   b.size_ = b.bytes_.size();
-  absl::Status valid = b.Validate();
-  if (!valid.ok()) return valid;
-  has_unacked_ = true;
-  unacked_serial_ = b.descriptor_.serial();
-  last_cursor_ = b.descriptor_.cursor();
-  return true;
+  return hold();
 }
 
 absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
