@@ -141,7 +141,8 @@ int RunInspect(const InspectArgs& args) {
     std::printf("  chunks        %zu (chunkSizeInBytes %llu)\n", index.chunks.size(),
                 static_cast<unsigned long long>(d.chunk_size_in_bytes));
     std::printf("  sequences     %zu%s\n", index.sequences.size(),
-                !index.names.empty() ? " (keyed by utterance id)"
+                !index.names.empty() ? (d.type == "CNTKTextFormat" || d.type == "CNTKBinary" ? " (joined by sequence id)"
+                                                                                           : " (keyed by utterance id)")
                 : index.keys_are_line_numbers ? " (keyed by line number)" : " (keyed by sequence id)");
     std::printf("  samples       %llu\n", static_cast<unsigned long long>(index.total_samples));
     std::printf("  streams\n");
