@@ -161,7 +161,21 @@ class Converter {
   absl::StatusOr<bool> DatasetKey(const std::string& k, const ConfigNode& v, DatasetConfig* ds) {
     const std::string key = Lower(k);
     if (key == "randomize") {
-      ASSIGN_OR_RETURN(ds->randomize, Bool(v, k));
+      // HTKMLFReader also takes a window in samples ("17280000": 48 hours of 10 ms frames) and
+      // "auto" (the whole corpus), besides true/false/none.
+      const std::string r = Lower(v.scalar);
+      uint64_t samples = 0;
+      const auto [end, ec] = std::from_chars(r.data(), r.data() + r.size(), samples);
+      if (v.kind == ConfigNode::Kind::kScalar && ec == std::errc() && end == r.data() + r.size() && samples >= 2) {
+        ds->randomize = true;
+        ds->randomization_window = samples;
+        ds->sample_based_randomization_window = true;
+      } else if (v.kind == ConfigNode::Kind::kScalar && r == "auto") {
+        ds->randomize = true;
+        ds->sample_based_randomization_window = true;  // no window: the whole sweep
+      } else {
+        ASSIGN_OR_RETURN(ds->randomize, Bool(v, k));
+      }
     } else if (key == "randomizationwindow") {
       ASSIGN_OR_RETURN(ds->randomization_window, UInt(v, k, 1, UINT64_MAX));
     } else if (key == "samplebasedrandomizationwindow") {
@@ -375,6 +389,14 @@ class Converter {
       RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'")));
     }
     if (inline_d.type == "HTKMLFReader") {
+      // CNTK's HTKMLFReader reads frames unless told otherwise (htk-mlf-reader.md: "Setting
+      // frameMode to true is the default"); truncated BPTT implies utterances.
+      bool frame_mode_given = false, truncated_given = false;
+      for (const auto& [k, v] : n.map) {
+        frame_mode_given = frame_mode_given || absl::EqualsIgnoreCase(k, "frameMode");
+        truncated_given = truncated_given || absl::EqualsIgnoreCase(k, "truncated");
+      }
+      if (!frame_mode_given && !(truncated_given && ds.truncated)) ds.frame_mode = true;
       // Feature blocks first: the first one is the primary stream, as in CNTK.
       std::stable_partition(legacy_htk.begin(), legacy_htk.end(), [](const DeserializerConfig& h) { return h.type == "HTKFeature"; });
       if (legacy_htk.empty() || legacy_htk[0].type != "HTKFeature")

@@ -170,6 +170,42 @@ reader = [
   EXPECT_EQ(cd.deserializers[0].streams[2].alias, "wij");
 }
 
+// The seed's HTKMLFReader block: frames by default (htk-mlf-reader.md), utterances when
+// frameMode is false or truncated BPTT is asked for.
+TEST(Config, HtkMlfReaderBlocksReadFramesUnlessToldOtherwise) {
+  auto frame_mode = [](const std::string& extra) {
+    auto c = ParseConfig(std::string(R"(
+reader = [
+    readerType = "HTKMLFReader"
+    readMethod = "blockRandomize"
+    miniBatchMode = "partial"
+    randomize = "17280000"
+)") + extra + R"(
+    features = [
+        dim = 792
+        scpFile = "TIMIT.train.scp.fbank.fullpath"
+    ]
+    labels = [
+        mlfFile = "TIMIT.train.align_cistate.mlf.cntk"
+        labelDim = 183
+        labelMappingFile = "TIMIT.statelist"
+    ]
+]
+)", "reader.cntk", "/data");
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) {  // randomize = "17280000": a window of that many samples
+      EXPECT_TRUE(c->datasets[0].randomize);
+      EXPECT_TRUE(c->datasets[0].sample_based_randomization_window);
+      EXPECT_EQ(c->datasets[0].randomization_window.value_or(0), 17280000u);
+    }
+    return c.ok() && c->datasets[0].frame_mode;
+  };
+  EXPECT_TRUE(frame_mode(""));
+  EXPECT_TRUE(frame_mode("frameMode = true"));
+  EXPECT_FALSE(frame_mode("frameMode = false"));
+  EXPECT_FALSE(frame_mode("truncated = true\ntruncationLength = 20"));
+}
+
 TEST(Config, ResolvesDollarReferencesCaseInsensitively) {
   auto c = ParseConfig("defMbSize=true\nX = [ reader = [ file = \"f\"\n input = [ a = [ dim = 1; format = \"dense\"; definesMbSize=$defMBSize$ ] ] ] ]\n",
                        "x.cntk", "");
