@@ -1,5 +1,6 @@
 #include "common/dataset/dataset.h"
 
+#include <set>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -275,6 +276,28 @@ absl::Status Dataset::InitKeyed(const DatasetOpenOptions& options) {
     joined_.insert(joined_.end(), row.begin(), row.end());
   }
   index_.file_size = offset;
+  // A CTF/CBF secondary decodes a chunk at a time: joined in an order far from its own, its
+  // chunks are parsed again and again (a few are kept). Say so, with what to do.
+  const size_t joined = index_.sequences.size();
+  for (size_t s = 1; s < ns; ++s) {
+    if (joined == 0 || keyed_[s]->ParseUnit(joined_[s]) < 0) continue;
+    std::set<int64_t> units;
+    uint64_t switches = 0;
+    int64_t last = -1;
+    for (size_t i = 0; i < joined; ++i) {
+      const int64_t u = keyed_[s]->ParseUnit(joined_[i * ns + s]);
+      units.insert(u);
+      switches += u != last;
+      last = u;
+    }
+    if (switches > 2 * units.size() + 8) {
+      diagnostics_->Report(Severity::kWarning, "join order",
+                           absl::StrCat(keyed_[s]->description(), " is joined in an order far from its own (its ",
+                                        units.size(), " chunks are entered ", switches,
+                                        " times): each entry may parse a chunk again; list it first, or "
+                                        "write it in the order of ", keyed_[0]->description()));
+    }
+  }
   uint64_t expansion = 1;
   for (const auto& src : keyed_) expansion = std::max(expansion, src->expansion());
   index_.BuildChunks(std::max<uint64_t>(1, config_.deserializers[0].chunk_size_in_bytes / expansion));

@@ -1,9 +1,12 @@
 #include "common/dataset/file_source.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -46,7 +49,7 @@ class FileSource final : public KeyedSource {
     own.deserializers = {d};
     ASSIGN_OR_RETURN(std::unique_ptr<Dataset> ds, Dataset::Open(own, options));
     std::unique_ptr<FileSource> src(new FileSource(std::move(ds), d.file));
-    RETURN_IF_ERROR(src->Scan());
+    RETURN_IF_ERROR(src->Scan(options));
     return std::unique_ptr<KeyedSource>(std::move(src));
   }
 
@@ -60,6 +63,7 @@ class FileSource final : public KeyedSource {
   std::vector<std::string> input_paths() const override { return ds_->input_paths(); }
   std::string description() const override { return path_; }
   uint64_t skipped() const override { return skipped_; }
+  int64_t ParseUnit(size_t i) const override { return entries_[i].chunk; }
 
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
     const Entry& e = entries_[i];
@@ -80,26 +84,59 @@ class FileSource final : public KeyedSource {
 
   FileSource(std::unique_ptr<Dataset> ds, std::string path) : ds_(std::move(ds)), path_(std::move(path)) {}
 
-  // Every chunk parsed once: the sequences it delivers, their keys and per-stream counts.
-  absl::Status Scan() {
+  // Every chunk parsed once (on all cores, then dropped): the sequences it delivers, their
+  // keys and per-stream counts, in file order.
+  absl::Status Scan(const DatasetOpenOptions& options) {
     const Index& index = ds_->index();
     const size_t ns = ds_->streams().size();
-    for (uint64_t c = 0; c < index.chunks.size(); ++c) {
-      ASSIGN_OR_RETURN(std::unique_ptr<ParsedChunk> chunk, ds_->ParseChunk(c));
-      const ChunkEntry& ce = index.chunks[c];
-      const uint64_t per_sequence = ce.num_sequences ? (ce.end_offset - ce.begin_offset) / ce.num_sequences : 0;
-      for (uint64_t j = 0; j < ce.num_sequences; ++j) {
-        const int32_t slot = chunk->slot_of[j];
-        if (slot < 0) {
-          ++skipped_;
+    const uint64_t n = index.chunks.size();
+    struct Found {
+      absl::Status status;
+      std::vector<Entry> entries;
+      std::vector<std::string> keys;
+      std::vector<uint32_t> samples;
+      uint64_t skipped = 0;
+    };
+    std::vector<Found> found(n);
+    std::atomic<uint64_t> next{0}, bytes_done{0};
+    auto work = [&] {
+      for (uint64_t c = next++; c < n; c = next++) {
+        Found& f = found[c];
+        auto chunk = ds_->ParseChunk(c);
+        if (!chunk.ok()) {
+          f.status = chunk.status();
           continue;
         }
-        const SequenceEntry& se = index.sequences[ce.first_sequence + j];
-        entries_.push_back(Entry{static_cast<uint32_t>(c), static_cast<uint32_t>(slot), se.size ? se.size : per_sequence});
-        keys_.push_back(std::to_string(chunk->keys[slot]));
-        for (size_t k = 0; k < ns; ++k) samples_.push_back(static_cast<uint32_t>(chunk->streams[k].num_samples(slot)));
+        const ChunkEntry& ce = index.chunks[c];
+        const uint64_t per_sequence = ce.num_sequences ? (ce.end_offset - ce.begin_offset) / ce.num_sequences : 0;
+        for (uint64_t j = 0; j < ce.num_sequences; ++j) {
+          const int32_t slot = (*chunk)->slot_of[j];
+          if (slot < 0) {
+            ++f.skipped;
+            continue;
+          }
+          const SequenceEntry& se = index.sequences[ce.first_sequence + j];
+          f.entries.push_back(Entry{static_cast<uint32_t>(c), static_cast<uint32_t>(slot), se.size ? se.size : per_sequence});
+          f.keys.push_back(std::to_string((*chunk)->keys[slot]));
+          for (size_t k = 0; k < ns; ++k) f.samples.push_back(static_cast<uint32_t>((*chunk)->streams[k].num_samples(slot)));
+        }
+        ds_->DoneWith(c);
+        const uint64_t done = bytes_done += ds_->ChunkBytes(c);
+        if (options.progress) options.progress(done, index.file_size);
       }
-      ds_->DoneWith(c);
+    };
+    const unsigned threads = std::max(1, options.index_threads > 0 ? options.index_threads
+                                                                    : static_cast<int>(std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < std::min<uint64_t>(threads, n); ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    for (Found& f : found) {
+      if (!f.status.ok()) return f.status;  // the first failing chunk in file order
+      entries_.insert(entries_.end(), f.entries.begin(), f.entries.end());
+      for (std::string& k : f.keys) keys_.push_back(std::move(k));
+      samples_.insert(samples_.end(), f.samples.begin(), f.samples.end());
+      skipped_ += f.skipped;
     }
     return absl::OkStatus();
   }

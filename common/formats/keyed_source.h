@@ -39,6 +39,10 @@ class KeyedSource {
   // parsed size, not its input, stays near chunkSizeInBytes.
   virtual uint64_t expansion() const { return 1; }
   virtual void WillNeed(size_t) const {}
+  // Sources that decode whole units (a CTF/CBF member parses a chunk at a time): the unit
+  // entry i lies in, so that a join can tell how often its order makes a source re-parse;
+  // -1 for sources that decode entries one by one (Kaldi, HTK, MLF).
+  virtual int64_t ParseUnit(size_t) const { return -1; }
   // The bytes of every input it reads (files, pipe outputs), for benchmarks' references.
   virtual std::vector<std::string_view> inputs() const = 0;
   // The files behind inputs(), in the same order; "" for an input that is no file (a pipe).

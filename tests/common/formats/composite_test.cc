@@ -165,6 +165,46 @@ datasets:
   EXPECT_EQ(std::unique(got.begin(), got.end()), got.end());
 }
 
+// A secondary CTF file in an order unrelated to the primary's: every sequence still arrives
+// with its own label, and the open says that the order costs re-parsing, and what to do.
+TEST(Composite, AScatteredSecondaryIsCorrectAndWarnedAbout) {
+  TempDir dir;
+  const int n = 200;
+  std::string feats, labels;
+  for (int i = 0; i < n; ++i) absl::StrAppend(&feats, i, " |x ", i, " 0\n");
+  for (int j = 0; j < n; ++j) {
+    const int i = (j * 77) % n;  // 77 is prime to 200: a permutation that jumps around
+    absl::StrAppend(&labels, i, " |y ", i % 5, ":1\n");
+  }
+  const std::string f = dir.Write("f.ctf", feats), l = dir.Write("l.ctf", labels);
+  auto config = Config(dir, absl::StrCat(R"(
+datasets:
+  d:
+    randomize: false
+    deserializers:
+      - type: CNTKTextFormat
+        file: )", f, R"(
+        input: {x: {dim: 2, format: dense}}
+      - type: CNTKTextFormat
+        file: )", l, R"(
+        chunkSizeInBytes: 100
+        input: {y: {dim: 5, format: sparse}}
+)"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<std::string> messages;
+  auto dump = DumpDataset(*config, ReadOptions(), &messages);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  bool warned = false;
+  for (const std::string& m : messages) warned = warned || m.find("is joined in an order far from its own") != std::string::npos;
+  EXPECT_TRUE(warned);
+  std::string want;
+  for (int i = 0; i < n; ++i) {
+    absl::StrAppend(&want, "{\"epoch\":0,\"batch\":0,\"key\":\"", i, "\",\"streams\":{\"x\":{\"dense\":[[", i,
+                    ",0]]},\"y\":{\"sparse\":[[[", i % 5, ",1]]]}}}\n");
+  }
+  EXPECT_EQ(*dump, want);
+}
+
 TEST(Composite, AFileThatCannotOpenNamesItself) {
   TempDir dir;
   const std::string feats = dir.Write("feats.ctf", "0 |x 1 2\n");
