@@ -1,5 +1,6 @@
 """The conveyor client: connect, subscribe, iterate batches as numpy views."""
 
+import collections
 import mmap
 import os
 import queue
@@ -59,20 +60,25 @@ class Batch:
         """A device batch: say the work reading it is queued on `stream` (default: the
         device's current torch stream). The subscription acknowledges the batch, letting the
         daemon reuse its slot, only once that work has completed (an event recorded now).
-        Without release(), the current stream is synchronized before the ack."""
+        Without release(), the event is recorded on the current stream when the next batch
+        is asked for. Acks never wait while the daemon still has a free slot."""
         if self._block is None:
             return
         import torch
         self._event = torch.cuda.Event()
         self._event.record(stream or torch.cuda.current_stream(self._block.device))
 
+    def _mark_released(self):
+        """Handed back (the next batch was asked for): without release(), the work queued
+        on the device's current stream so far is taken to be its readers."""
+        if self._block is not None and self._event is None:
+            self.release()
+
+    def _released(self):
+        return self._event is None or self._event.query()
+
     def _wait_released(self):
-        if self._block is None:
-            return
-        import torch
-        if self._event is None:
-            torch.cuda.current_stream(self._block.device).synchronize()
-        else:
+        if self._event is not None:
             self._event.synchronize()
 
     epoch = property(lambda self: self.descriptor.epoch)
@@ -202,6 +208,11 @@ class Subscription:
         self._segments = {}  # shared memory: id -> mmap
         self._blocks = {}  # CUDA IPC: id -> cuda_ipc.Block
         self._held = None  # the device batch handed out last (acked once its readers finish)
+        # Device batches given back but whose readers may still run: (serial, batch), oldest
+        # first. Each is acked once its event completes, so the GPU keeps working on batch k
+        # while the daemon refills the slots of the batches before it.
+        self._releasing = collections.deque()
+        self._credits = subscribe.initial_credits or 4
 
     @property
     def cursor(self):
@@ -232,6 +243,12 @@ class Subscription:
 
         self._responses = self._stub.Stream(requests())
         self._pending_ack = None
+        self._releasing.clear()  # a new stream: the old one's slots are gone
+
+    def _ack(self, serial):
+        ack = pb.StreamRequest()
+        ack.ack.serial = serial
+        self._requests.put(ack)
 
     def _map_segment(self, seg):
         if len(seg.token) != 16 or seg.bytes == 0:
@@ -265,13 +282,20 @@ class Subscription:
             try:
                 if self._responses is None:
                     self._open()
+                if self._pending_ack is not None and self._held is not None:
+                    self._held._mark_released()
+                    self._releasing.append((self._pending_ack, self._held))
+                    self._held = None
+                    self._pending_ack = None
+                # Ack device batches whose readers are done; wait for the oldest only when
+                # holding more would leave the daemon no slot to fill.
+                while self._releasing and (self._releasing[0][1]._released() or
+                                           len(self._releasing) >= max(1, self._credits - 1)):
+                    serial, held = self._releasing.popleft()
+                    held._wait_released()
+                    self._ack(serial)
                 if self._pending_ack is not None:
-                    if self._held is not None:
-                        self._held._wait_released()
-                        self._held = None
-                    ack = pb.StreamRequest()
-                    ack.ack.serial = self._pending_ack
-                    self._requests.put(ack)
+                    self._ack(self._pending_ack)
                     self._pending_ack = None
                 batch = self._receive()
                 self._reconnects = 0
