@@ -10,6 +10,7 @@
 #include "client/cpp/conveyor_client.h"
 #include "common/batch/dump_writer.h"
 #include "common/mapped_file.h"
+#include "cuda/slot_pool.h"
 
 namespace conveyor::cli {
 namespace {
@@ -46,7 +47,9 @@ int RunSubscribe(const SubscribeArgs& args) {
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
   if (args.transport == "shm" || args.transport == "shared-memory") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
-  else if (args.transport != "inline") return Fail(absl::InvalidArgumentError("--transport expects inline or shm"));
+  else if (args.transport == "cuda") s.set_transport(v1::TRANSPORT_CUDA_IPC);
+  else if (args.transport != "inline") return Fail(absl::InvalidArgumentError("--transport expects inline, shm or cuda"));
+  std::vector<std::byte> host;  // --dump of device batches: copied to the host first
   SubscribeOptions so;
   so.reconnect = !args.no_reconnect;
   auto sub = (*client)->Subscribe(s, so);
@@ -70,7 +73,14 @@ int RunSubscribe(const SubscribeArgs& args) {
     bytes += batch.bytes().size();
     if (args.dump) {
       out.clear();
-      AppendDump(batch.descriptor().epoch(), batch.descriptor().batch(), batch.plan(), batch.bytes(), batch.cursor(), &out);
+      absl::Span<const std::byte> view = batch.bytes();
+      if (batch.on_device()) {
+        host.resize(view.size());
+        absl::Status copied = gpu::CopyMemory(host.data(), view.data(), view.size());
+        if (!copied.ok()) return Fail(copied);
+        view = absl::MakeConstSpan(host);
+      }
+      AppendDump(batch.descriptor().epoch(), batch.descriptor().batch(), batch.plan(), view, batch.cursor(), &out);
       std::fwrite(out.data(), 1, out.size(), stdout);
     }
   }
@@ -103,8 +113,9 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
   cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)");
   cmd->add_option("--transport", args->transport,
-                  "inline (default: bytes in the messages) or shm (same host: batches stay in the daemon's "
-                  "shared-memory slots, only descriptors travel)");
+                  "inline (default: bytes in the messages), shm (same host: batches stay in the daemon's "
+                  "shared-memory slots, only descriptors travel) or cuda (same host: assembled on the daemon's "
+                  "GPU and opened here with CUDA IPC; --dump copies each batch to the host)");
   cmd->add_option("--tls-ca", args->tls_ca, "PEM roots to trust: connect with TLS");
   cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
   cmd->add_option("--token-file", args->token_file, "File with the bearer token the daemon requires on TCP");

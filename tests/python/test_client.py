@@ -27,7 +27,8 @@ def start_daemon(tmp, config=EXAMPLES):
                              "--unix", os.path.join(tmp, "d.sock")], stderr=subprocess.PIPE)
     for _ in range(200):
         if os.path.exists(port_file):
-            return proc, "127.0.0.1:" + open(port_file).read().strip()
+            with open(port_file) as f:
+                return proc, "127.0.0.1:" + f.read().strip()
         time.sleep(0.05)
     proc.kill()
     raise RuntimeError("conveyord did not start: " + proc.stderr.read().decode())
@@ -121,6 +122,28 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             client.subscribe("sequences", transport="nvlink")
         client.close()
+
+    def test_cli_subscribe_dumps_what_dump_prints_and_names_what_cuda_needs(self):
+        unix = "unix:" + os.path.join(self.tmp.name, "d.sock")
+        args = ["--dataset", "sequences", "--minibatch-size", "30", "--randomize", "on", "--seed", "2"]
+        want = subprocess.run([CONVEYOR, "dump", EXAMPLES, *args], check=True, capture_output=True, text=True).stdout
+        for transport in ("inline", "shm"):
+            got = subprocess.run([CONVEYOR, "subscribe", unix, "--dump", "--transport", transport, *args],
+                                 check=True, capture_output=True, text=True).stdout
+            self.assertEqual(got, want, transport)
+        cuda = subprocess.run([CONVEYOR, "subscribe", unix, "--dump", "--transport", "cuda", *args],
+                              capture_output=True, text=True)
+        try:
+            import torch
+            has_device = torch.cuda.is_available()
+        except ImportError:
+            has_device = False
+        if has_device:
+            self.assertEqual(cuda.returncode, 0, cuda.stderr)
+            self.assertEqual(cuda.stdout, want)
+        else:
+            self.assertNotEqual(cuda.returncode, 0)
+            self.assertIn("TRANSPORT_CUDA_IPC needs a CUDA device", cuda.stderr)
 
     def test_arrays_are_views_without_copy(self):
         b = next(iter(self.client.subscribe("simple", minibatch_size=10)))
