@@ -60,12 +60,16 @@ int main(int argc, char** argv) {
                  "Parser threads shared by all subscriptions: bounds the daemon's parsing CPU (default: the "
                  "config's server.parserThreads, else all cores)")
       ->check(CLI::Range(1, 1024));
-  std::string assembler = "cpu";
+  std::string assembler;
   app.add_option("--assembler", assembler,
-                 "Who assembles batches: cpu (default) or cuda (GPU kernels, bit-identical batches; without a "
-                 "usable device the CPU serves and the startup line says why)")
+                 "Who assembles batches: cpu (default; or the config's server.assembler) or cuda (GPU kernels, "
+                 "bit-identical batches; without a usable device the CPU serves and the startup line says why). "
+                 "TRANSPORT_CUDA_IPC subscriptions always assemble on the GPU")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--device", options.cuda_device, "CUDA device for --assembler cuda (default 0)")
+  int device = -1;
+  app.add_option("--device", device,
+                 "CUDA device for --assembler cuda and the default for CUDA IPC subscriptions (default: the "
+                 "config's server.cudaDevice, else 0)")
       ->check(CLI::Range(0, 1023));
   app.add_option("--parser-threads-per-stream", parser_threads_per_stream,
                  "Chunks one subscription may parse at once (default: server.parserThreadsPerStream, else 2)")
@@ -171,6 +175,9 @@ int main(int argc, char** argv) {
   // Decided once: without a usable device every subscription gets the CPU assembler, and the
   // startup line says why.
   std::string note;
+  if (assembler.empty()) assembler = config->server.assembler.empty() ? "cpu" : config->server.assembler;
+  if (device < 0) device = config->server.cuda_device;
+  if (device >= 0) options.cuda_device = device;
   options.cuda_assembler = assembler == "cuda";
   conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &note);
   if (note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;

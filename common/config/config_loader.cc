@@ -456,7 +456,10 @@ class Converter {
         ASSIGN_OR_RETURN(std::string f, String(v, k));
         out_->token_file = JoinPath(base_dir_, f);
       } else if (key == "server") {
-        if (!v.is_map()) return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N}'");
+        if (!v.is_map()) {
+          return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N, "
+                          "assembler: cpu|cuda, cudaDevice: N}'");
+        }
         for (const auto& [sk, sv] : v.map) {
           const std::string skey = Lower(sk);
           if (skey == "parserthreads") {
@@ -468,9 +471,18 @@ class Converter {
           } else if (skey == "maxsubscriptions") {
             ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 1, 65536));
             out_->server.max_subscriptions = n;
+          } else if (skey == "assembler") {
+            ASSIGN_OR_RETURN(std::string a, String(sv, sk));
+            a = Lower(a);
+            if (a != "cpu" && a != "cuda") return Error(sv, absl::StrCat("expected assembler cpu or cuda, found '", a, "'"));
+            out_->server.assembler = a;
+          } else if (skey == "cudadevice") {
+            ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 0, 1023));
+            out_->server.cuda_device = static_cast<int>(n);
           } else {
             return Error(sv, absl::StrCat("unknown key '", sk,
-                                          "' in server (expected parserThreads, parserThreadsPerStream, maxSubscriptions)"));
+                                          "' in server (expected parserThreads, parserThreadsPerStream, maxSubscriptions, "
+                                          "assembler, cudaDevice)"));
           }
         }
       } else if (key == "datasets") {

@@ -87,6 +87,8 @@ struct Config {
     int parser_threads = 0;             // parser pool shared by every subscription
     int parser_threads_per_stream = 0;  // chunks one subscription parses at once
     uint64_t max_subscriptions = 0;
+    std::string assembler;              // "cpu" or "cuda"; empty: the daemon's default (cpu)
+    int cuda_device = -1;               // -1: the daemon's default (0)
   } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print

@@ -206,6 +206,23 @@ reader = [
   EXPECT_FALSE(frame_mode("truncated = true\ntruncationLength = 20"));
 }
 
+TEST(Config, ServerChoosesTheAssemblerAndDevice) {
+  auto c = ParseConfig("server: {assembler: CUDA, cudaDevice: 2}\ndatasets:\n  d:\n    file: /x.ctf\n"
+                       "    input: {a: {dim: 1, format: dense}}\n", "s.yaml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.assembler, "cuda");
+  EXPECT_EQ(c->server.cuda_device, 2);
+  auto plain = ParseConfig("datasets:\n  d:\n    file: /x.ctf\n    input: {a: {dim: 1, format: dense}}\n", "s.yaml", "/");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->server.assembler, "");  // the daemon's default
+  EXPECT_EQ(plain->server.cuda_device, -1);
+  auto bad = ParseConfig("server: {assembler: tpu}\ndatasets:\n  d:\n    file: /x.ctf\n    input: {a: {dim: 1, format: dense}}\n",
+                         "s.yaml", "/");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("s.yaml:1:"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("expected assembler cpu or cuda, found 'tpu'"), std::string::npos) << bad.status();
+}
+
 TEST(Config, ResolvesDollarReferencesCaseInsensitively) {
   auto c = ParseConfig("defMbSize=true\nX = [ reader = [ file = \"f\"\n input = [ a = [ dim = 1; format = \"dense\"; definesMbSize=$defMBSize$ ] ] ] ]\n",
                        "x.cntk", "");
