@@ -7,9 +7,10 @@
 int main(int argc, char** argv) {
   conveyor::TuneAllocatorForStreaming();
   CLI::App app{
-      "conveyor: a data loader for training. It indexes CNTK text-format datasets, randomizes "
-      "them as CNTK does (reproducibly, resumably, split across ranks), parses them in parallel "
-      "and assembles dense and sparse (CSC) minibatches.\n"
+      "conveyor: a data loader for training. It indexes datasets in CNTK text or binary format, "
+      "HTK features with MLF labels and Kaldi tables (alone or joined by key), randomizes them as "
+      "CNTK does (reproducibly, resumably, split across ranks), parses them in parallel and "
+      "assembles dense and sparse (CSC, CSR) minibatches, on the CPU or the GPU.\n"
       "A configuration (YAML, JSON, or a CNTK BrainScript reader block) names the datasets.\n"
       "Examples:\n"
       "  conveyor inspect examples/conveyor.yaml\n"
