@@ -17,6 +17,8 @@ class ErrorBudget {
   // Spends `n` units; returns false when the total now exceeds the budget.
   bool Spend(uint64_t n = 1) { return spent_.fetch_add(n) + n <= max_errors_; }
   uint64_t spent() const { return spent_.load(); }
+  // Gives back `n` units spent by a pass that does not count (a scan before reading).
+  void Refund(uint64_t n) { spent_.fetch_sub(n); }
   uint64_t max_errors() const { return max_errors_; }
 
  private:

@@ -78,6 +78,8 @@ class Dataset {
   Diagnostics& diagnostics() const { return *diagnostics_; }
   uint64_t errors() const { return budget_->spent(); }
   uint64_t max_errors() const { return budget_->max_errors(); }
+  // Gives back errors counted by a pass that does not count as reading (a composite's scan).
+  void RefundErrors(uint64_t n) const { budget_->Refund(n); }
 
   // Parses chunk `chunk_id`. Thread-safe. Errors: DataLoss once maxErrors is exceeded.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;

@@ -98,6 +98,7 @@ class FileSource final : public KeyedSource {
       uint64_t skipped = 0;
     };
     std::vector<Found> found(n);
+    const uint64_t errors_before = ds_->errors();
     std::atomic<uint64_t> next{0}, bytes_done{0};
     auto work = [&] {
       for (uint64_t c = next++; c < n; c = next++) {
@@ -131,6 +132,9 @@ class FileSource final : public KeyedSource {
     for (unsigned t = 1; t < std::min<uint64_t>(threads, n); ++t) pool.emplace_back(work);
     work();
     for (std::thread& t : pool) t.join();
+    // The scan is not a read: bad sequences it met count against maxErrors when they are read
+    // (a budget past which it failed is an error all the same).
+    ds_->RefundErrors(ds_->errors() - errors_before);
     for (Found& f : found) {
       if (!f.status.ok()) return f.status;  // the first failing chunk in file order
       entries_.insert(entries_.end(), f.entries.begin(), f.entries.end());

@@ -205,6 +205,41 @@ datasets:
   EXPECT_EQ(*dump, want);
 }
 
+// maxErrors counts what reading meets: a bad sequence in a CTF member is one error per epoch,
+// not one more for the scan at open.
+TEST(Composite, TheOpenScanSpendsNoErrorBudget) {
+  TempDir dir;
+  const std::string feats = dir.Write("f.ctf", "0 |x 1 2\n1 |x 3 4\n2 |x 5 6\n");
+  const std::string labels = dir.Write("l.ctf", "0 |y 1:1\n1 |y 9:1\n2 |y 0:1\n");  // 9 >= dim 5
+  for (int max_errors : {0, 1}) {
+    SCOPED_TRACE(max_errors);
+    auto config = Config(dir, absl::StrCat(R"(
+datasets:
+  d:
+    randomize: false
+    maxErrors: )", max_errors, R"(
+    deserializers:
+      - type: CNTKTextFormat
+        file: )", feats, R"(
+        input: {x: {dim: 2, format: dense}}
+      - type: CNTKTextFormat
+        file: )", labels, R"(
+        input: {y: {dim: 5, format: sparse}}
+)"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    std::vector<std::string> messages;
+    auto dump = DumpDataset(*config, ReadOptions(), &messages);
+    if (max_errors == 0) {
+      ASSERT_FALSE(dump.ok());
+      EXPECT_NE(dump.status().message().find("l.ctf:2:"), std::string::npos) << dump.status();
+      continue;
+    }
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    EXPECT_EQ(*dump, Line("0", "\"x\":{\"dense\":[[1,2]]},\"y\":{\"sparse\":[[[1,1]]]}") +
+                         Line("2", "\"x\":{\"dense\":[[5,6]]},\"y\":{\"sparse\":[[[0,1]]]}"));
+  }
+}
+
 TEST(Composite, AFileThatCannotOpenNamesItself) {
   TempDir dir;
   const std::string feats = dir.Write("feats.ctf", "0 |x 1 2\n");
