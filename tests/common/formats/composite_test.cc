@@ -26,22 +26,23 @@ std::string Line(const std::string& key, const std::string& streams) {
   return absl::StrCat("{\"epoch\":0,\"batch\":0,\"key\":\"", key, "\",\"streams\":{", streams, "}}\n");
 }
 
+// A dataset of two CTF files joined by id: `x` (dense, dim 2) from `feats`, `y` (sparse,
+// dim `label_dim`) from `labels`; `dataset` and `per_file` are extra YAML lines (indented).
+absl::StatusOr<DatasetConfig> TwoFiles(const TempDir& dir, const std::string& feats, const std::string& labels,
+                                       const std::string& dataset, const std::string& feats_extra = "",
+                                       const std::string& labels_extra = "", int label_dim = 5) {
+  return Config(dir, absl::StrCat("datasets:\n  d:\n", dataset, "    deserializers:\n"
+                                  "      - type: CNTKTextFormat\n        file: ", feats, "\n", feats_extra,
+                                  "        input: {x: {dim: 2, format: dense}}\n"
+                                  "      - type: CNTKTextFormat\n        file: ", labels, "\n", labels_extra,
+                                  "        input: {y: {dim: ", label_dim, ", format: sparse}}\n"));
+}
+
 TEST(Composite, TextFilesJoinedByIdInThePrimarysOrder) {
   TempDir dir;
   const std::string feats = dir.Write("feats.ctf", "3 |x 1 2\n3 |x 3 4\n1 |x 5 6\n7 |x 7 8\n");
   const std::string labels = dir.Write("labels.ctf", "7 |y 2:1\n3 |y 0:1\n3 |y 4:0.5\n9 |y 1:1\n");
-  auto config = Config(dir, absl::StrCat(R"(
-datasets:
-  d:
-    randomize: false
-    deserializers:
-      - type: CNTKTextFormat
-        file: )", feats, R"(
-        input: {x: {dim: 2, format: dense}}
-      - type: CNTKTextFormat
-        file: )", labels, R"(
-        input: {y: {dim: 5, format: sparse}}
-)"));
+  auto config = TwoFiles(dir, feats, labels, "    randomize: false\n");
   ASSERT_TRUE(config.ok()) << config.status();
   std::vector<std::string> messages;
   DatasetOpenOptions oo;
@@ -122,21 +123,8 @@ TEST(Composite, RandomizedManyChunksKeepEverySequenceWhole) {
     for (int r = 0; r < rows; ++r) absl::StrAppend(&labels, i, " |y ", i % 7, ":", i, "\n");
   }
   const std::string f = dir.Write("f.ctf", feats), l = dir.Write("l.ctf", labels);
-  auto config = Config(dir, absl::StrCat(R"(
-datasets:
-  d:
-    randomize: true
-    randomizationWindow: 3
-    deserializers:
-      - type: CNTKTextFormat
-        file: )", f, R"(
-        chunkSizeInBytes: 200
-        input: {x: {dim: 2, format: dense}}
-      - type: CNTKTextFormat
-        file: )", l, R"(
-        chunkSizeInBytes: 150
-        input: {y: {dim: 7, format: sparse}}
-)"));
+  auto config = TwoFiles(dir, f, l, "    randomize: true\n    randomizationWindow: 3\n",
+                         "        chunkSizeInBytes: 200\n", "        chunkSizeInBytes: 150\n", 7);
   ASSERT_TRUE(config.ok()) << config.status();
   ReadOptions ro;
   ro.minibatch_size = 16;
@@ -177,19 +165,7 @@ TEST(Composite, AScatteredSecondaryIsCorrectAndWarnedAbout) {
     absl::StrAppend(&labels, i, " |y ", i % 5, ":1\n");
   }
   const std::string f = dir.Write("f.ctf", feats), l = dir.Write("l.ctf", labels);
-  auto config = Config(dir, absl::StrCat(R"(
-datasets:
-  d:
-    randomize: false
-    deserializers:
-      - type: CNTKTextFormat
-        file: )", f, R"(
-        input: {x: {dim: 2, format: dense}}
-      - type: CNTKTextFormat
-        file: )", l, R"(
-        chunkSizeInBytes: 100
-        input: {y: {dim: 5, format: sparse}}
-)"));
+  auto config = TwoFiles(dir, f, l, "    randomize: false\n", "", "        chunkSizeInBytes: 100\n");
   ASSERT_TRUE(config.ok()) << config.status();
   std::vector<std::string> messages;
   auto dump = DumpDataset(*config, ReadOptions(), &messages);
@@ -213,19 +189,7 @@ TEST(Composite, TheOpenScanSpendsNoErrorBudget) {
   const std::string labels = dir.Write("l.ctf", "0 |y 1:1\n1 |y 9:1\n2 |y 0:1\n");  // 9 >= dim 5
   for (int max_errors : {0, 1}) {
     SCOPED_TRACE(max_errors);
-    auto config = Config(dir, absl::StrCat(R"(
-datasets:
-  d:
-    randomize: false
-    maxErrors: )", max_errors, R"(
-    deserializers:
-      - type: CNTKTextFormat
-        file: )", feats, R"(
-        input: {x: {dim: 2, format: dense}}
-      - type: CNTKTextFormat
-        file: )", labels, R"(
-        input: {y: {dim: 5, format: sparse}}
-)"));
+    auto config = TwoFiles(dir, feats, labels, absl::StrCat("    randomize: false\n    maxErrors: ", max_errors, "\n"));
     ASSERT_TRUE(config.ok()) << config.status();
     std::vector<std::string> messages;
     auto dump = DumpDataset(*config, ReadOptions(), &messages);
