@@ -48,6 +48,10 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   streams_ = d.streams;
   path_ = d.file;
   ASSIGN_OR_RETURN(file_, MappedFile::Open(d.file));
+  {
+    std::lock_guard<std::mutex> lock(resident_->mu);
+    resident_->file = file_.get();
+  }
   if (d.type == "CNTKBinary") return InitCbf(options);
 
   CtfIndexOptions io;
@@ -120,10 +124,6 @@ absl::Status Dataset::InitCbf(const DatasetOpenOptions& options) {
   }
   ASSIGN_OR_RETURN(CbfFile file, ReadCbfFile(bytes, d.file));
   cbf_ = std::make_unique<CbfFile>(std::move(file));
-  {
-    std::lock_guard<std::mutex> lock(resident_->mu);
-    resident_->file = file_.get();
-  }
   for (const CbfStreamInfo& s : cbf_->streams) {
     if (s.precision != config_.precision) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -418,7 +418,12 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   cache_[chunk_id].parsing = true;
   lock.unlock();
   auto parsed = ParseChunk(chunk_id);
-  const bool points_into_file = cbf_ != nullptr;  // its pages are dropped on release instead
+  // A chunk whose dense values are used where they lie in the mapping (CBF) keeps its pages
+  // until it is released; any other chunk is done with them now.
+  bool points_into_file = false;
+  if (parsed.ok() && file_ != nullptr) {
+    for (const ParsedStream& ps : (*parsed)->streams) points_into_file |= !ps.in_place.empty();
+  }
   if (!points_into_file) DoneWith(chunk_id);
   lock.lock();
   CacheEntry& e = cache_[chunk_id];

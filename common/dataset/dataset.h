@@ -138,8 +138,8 @@ class Dataset {
   mutable std::atomic<uint64_t> parses_{0};
   struct Resident {  // shared with the chunks' deleters, which may outlive the dataset
     std::atomic<uint64_t> chunks{0}, bytes{0};
-    // CBF chunks point into the mapping (dense values used in place): their pages are
-    // dropped when the chunk is released, not after parsing. Null once the dataset is gone.
+    // Chunks that point into the mapping (dense values used in place) have their pages
+    // dropped when they are released, not after parsing. Null once the dataset is gone.
     std::mutex mu;
     const MappedFile* file = nullptr;
   };

@@ -74,11 +74,10 @@ void SweepOrder::Distribute(uint64_t pos) {
       u.samples = options_.frame_mode ? 1 : e.num_samples;
       u.chunk = chunk;
       u.position = static_cast<uint32_t>(pos);
-      unsigned __int128 key = static_cast<unsigned __int128>(base_[pos]) << 32;
-      if (spread_ > 0) {
-        const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((s << 24) ^ f)) >> 32;
-        key += static_cast<unsigned __int128>(spread_) * h;
-      }
+      // Only randomized sweeps come here (file order builds its segments directly).
+      const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((s << 24) ^ f)) >> 32;
+      const unsigned __int128 key =
+          (static_cast<unsigned __int128>(base_[pos]) << 32) + static_cast<unsigned __int128>(spread_) * h;
       // The segment whose [base(i), base(i+1)) holds the key (bases are 0,1,2,... for
       // chunk windows: no search needed).
       const uint64_t whole = static_cast<uint64_t>(key >> 32);
@@ -132,8 +131,7 @@ const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
   while (next_to_distribute_ <= i && next_to_distribute_ < order_.size()) Distribute(next_to_distribute_++);
   if (!buckets_.empty()) {
     std::vector<Keyed>& b = buckets_.front();
-    // File order (spread 0) is already sorted: one chunk, distributed in sequence order.
-    if (spread_ > 0) std::sort(b.begin(), b.end(), [](const Keyed& x, const Keyed& y) {
+    std::sort(b.begin(), b.end(), [](const Keyed& x, const Keyed& y) {
       if (x.key != y.key) return x.key < y.key;
       if (x.unit.sequence != y.unit.sequence) return x.unit.sequence < y.unit.sequence;
       return x.unit.frame < y.unit.frame;
