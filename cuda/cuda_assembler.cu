@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
+#include <vector>
 
 #include "cuda/assembly_program.h"
 #include "cuda/cuda_assembler.h"
@@ -112,9 +114,20 @@ struct CudaAssembler::Impl {
   uint64_t temp_wanted = 0;
   CudaBuffer transpose{false};   // cuSPARSE csr2csc buffer
   CudaBuffer bounce{false};      // device slot for batches whose destination is host memory
+  uint64_t begun = 0;            // fences handed out by Begin()
+  struct Pending {
+    uint64_t fence;
+    cudaEvent_t done;  // recorded after the batch's last operation; nullptr: complete at Begin
+  };
+  std::deque<Pending> pending;   // begun, not waited for (oldest first)
+  std::vector<cudaEvent_t> spare_events;
 
   ~Impl() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    for (const Pending& p : pending) {
+      if (p.done != nullptr) cudaEventDestroy(p.done);
+    }
+    for (cudaEvent_t e : spare_events) cudaEventDestroy(e);
     for (StagingSet& s : sets) {
       s.host.Free();
       s.device.Free();
@@ -246,6 +259,49 @@ int CudaAssembler::device() const { return impl_->device; }
 
 absl::Status CudaAssembler::AssembleAsync(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* device_dst) {
   return impl_->Enqueue(plan, pieces, device_dst);
+}
+
+absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                                               absl::Span<std::byte> dst) {
+  Impl& m = *impl_;
+  if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
+  cudaPointerAttributes attr{};
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    // Host memory goes through the one bounce buffer: assembled and copied back at once.
+    if (absl::Status st = Assemble(plan, pieces, dst); !st.ok()) return st;
+    m.pending.push_back({++m.begun, nullptr});
+    return m.begun;
+  }
+  // Enqueue() copies all it reads from the pieces into pinned staging before it returns,
+  // so only the device's work remains: an event marks its end.
+  if (absl::Status st = m.Enqueue(plan, pieces, dst.data()); !st.ok()) return st;
+  cudaEvent_t done = nullptr;
+  if (!m.spare_events.empty()) {
+    done = m.spare_events.back();
+    m.spare_events.pop_back();
+  } else {
+    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+  if (cudaError_t e = cudaEventRecord(done, m.stream); e != cudaSuccess) {
+    m.spare_events.push_back(done);
+    CONVEYOR_CUDA_RETURN_IF_ERROR(e);
+  }
+  m.pending.push_back({++m.begun, done});
+  return m.begun;
+}
+
+absl::Status CudaAssembler::Wait(uint64_t fence) {
+  Impl& m = *impl_;
+  auto it = std::find_if(m.pending.begin(), m.pending.end(), [&](const Impl::Pending& p) { return p.fence == fence; });
+  if (it == m.pending.end()) return absl::InvalidArgumentError(absl::StrCat("no batch begun is waiting as fence ", fence));
+  cudaEvent_t done = it->done;
+  m.pending.erase(it);
+  if (done == nullptr) return absl::OkStatus();
+  m.spare_events.push_back(done);
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+  return absl::OkStatus();
 }
 
 absl::Status CudaAssembler::Synchronize() {

@@ -38,6 +38,12 @@ class CudaAssembler final : public BatchAssembler {
   // once the host's part is done; the pieces' chunks may be released then. Synchronize()
   // (or a later Assemble) waits for the device.
   absl::Status AssembleAsync(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* device_dst);
+  // The pipelined form (BatchAssembler): into device memory, Begin() returns once the host's
+  // part is done (the pieces' chunks are no longer read), and Wait() waits for an event
+  // recorded after the batch. Into host memory, Begin() assembles at once.
+  absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                                 absl::Span<std::byte> dst) override;
+  absl::Status Wait(uint64_t fence) override;
   absl::Status Synchronize();
   int device() const;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
@@ -104,6 +105,9 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
     assembler_ = std::move(*cuda);
   } else {
     assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
+    // The CPU assembler copies on a worker thread of the stream's own while the next batch
+    // is planned; the CUDA one already overlaps (the device assembles, the host plans).
+    if (std::string_view(assembler_->name()) == "cpu") assembler_ = MakePipelinedAssembler(std::move(assembler_));
   }
   auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
   if (!loader.ok()) return loader.status();
@@ -223,100 +227,80 @@ void StreamReactor::OnReadDone(bool ok) {
 }
 
 void StreamReactor::Produce() {
-  Batch batch;
+  // Up to two batches in flight: batch k+1 is planned and begun while batch k is assembled
+  // (by the pipelined CPU assembler's worker, or by the device), and k is published once it
+  // is complete. Each batch begun holds a credit until it is published.
+  constexpr size_t kDepth = 2;
+  std::deque<std::unique_ptr<BegunBatch>> begun;
+  uint64_t serial = next_serial_;  // the next batch to begin (only this thread advances them)
+  bool ended = false;
+  absl::Status failed;
   while (true) {
+    bool may_begin = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
-      if (stop_) break;
+      if (begun.empty() && !ended && failed.ok()) cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
+      if (stop_ && !draining_) break;  // cancelled: nothing more is sent
+      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < kDepth;
     }
-    // The batch is assembled straight into where it travels from: a shared-memory slot, or
-    // the buffer that becomes the first message's payload.
-    std::vector<v1::StreamResponse> messages;  // a new segment's announcement goes first
-    const uint64_t serial = next_serial_;      // only this thread advances it
-    std::string payload;
-    SlotRef slot;
-    auto destination = [&](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
-      if (shm_ || cuda_ipc_) {
-        auto reserved = ReserveSlot(serial, size, &messages);
-        if (!reserved.ok()) return reserved.status();
-        slot = *reserved;
-        return absl::MakeSpan(slot.data, size);
+    if (may_begin) {
+      // The batch is assembled straight into where it travels from: a shared-memory or
+      // device slot, or the buffer that becomes the first message's payload.
+      auto b = std::make_unique<BegunBatch>();
+      b->serial = serial;
+      BegunBatch* at = b.get();
+      auto destination = [this, at](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
+        if (shm_ || cuda_ipc_) {
+          auto reserved = ReserveSlot(at->serial, size, &at->messages);
+          if (!reserved.ok()) return reserved.status();
+          at->slot = *reserved;
+          return absl::MakeSpan(at->slot.data, size);
+        }
+        at->payload.resize(size);
+        return absl::MakeSpan(reinterpret_cast<std::byte*>(at->payload.data()), size);
+      };
+      auto more = loader_->Begin(destination);
+      if (!more.ok()) {
+        failed = more.status();  // the batches begun before it are still sent
+      } else if (!*more) {
+        ended = true;
+      } else {
+        begun.push_back(std::move(b));
+        ++serial;
+        continue;  // begin another while this one is assembled, if credits allow
       }
-      payload.resize(size);
-      return absl::MakeSpan(reinterpret_cast<std::byte*>(payload.data()), size);
-    };
-    auto more = loader_->Next(&batch, destination);
-    if (!more.ok()) {
+    }
+    if (begun.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      final_status_ = ToGrpc(more.status());
+      if (!failed.ok()) {
+        final_status_ = ToGrpc(failed);
+        break;
+      }
+      if (ended) {
+        v1::StreamResponse end;
+        end.mutable_end()->set_cursor(last_cursor_);
+        end.mutable_end()->set_batches(next_serial_);
+        queue_.push_back(std::move(end));
+        break;
+      }
+      if (draining_) break;
+      continue;  // waits for a credit
+    }
+    Batch batch;
+    absl::Status done = loader_->Complete(&batch);
+    if (!done.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_status_ = ToGrpc(done);
       break;
     }
-    if (!*more) {
-      v1::StreamResponse end;
-      std::lock_guard<std::mutex> lock(mu_);
-      end.mutable_end()->set_cursor(last_cursor_);
-      end.mutable_end()->set_batches(next_serial_);
-      queue_.push_back(std::move(end));
-      break;
-    }
-    // Descriptor plus the bytes, split into parts that fit a message.
-    const std::string cursor = resolved_.Encode(batch.after);
-    const uint64_t part = service_->options_.inline_part_bytes;
-    const uint64_t total = batch.plan.total_bytes;
-    const uint32_t parts = static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part));
-    v1::StreamResponse first;
-    v1::BatchDescriptor* d = first.mutable_batch();
-    d->set_serial(serial);
-    d->set_epoch(batch.epoch);
-    d->set_batch(batch.index);
-    d->set_end_of_epoch(batch.end_of_epoch);
-    d->set_end_of_sweep(batch.end_of_sweep);
-    d->set_cursor(cursor);
-    d->set_parts(parts);
-    PlanToDescriptor(batch.plan, d);
-    std::vector<v1::StreamResponse> rest;
-    if (shm_) {
-      d->set_parts(0);
-      d->mutable_shm()->set_segment(slot.segment);
-      d->mutable_shm()->set_offset(slot.offset);
-    } else if (cuda_ipc_) {
-      d->set_parts(0);
-      d->mutable_cuda_ipc()->set_segment(slot.segment);
-      d->mutable_cuda_ipc()->set_offset(slot.offset);
-    } else {
-      // Parts after the first are copied out; the first keeps the assembled buffer itself.
-      for (uint64_t off = part; off < total; off += part) {
-        v1::StreamResponse more_msg;
-        more_msg.mutable_more()->set_serial(serial);
-        more_msg.mutable_more()->mutable_payload()->set_offset(off);
-        more_msg.mutable_more()->mutable_payload()->set_data(payload.data() + off, std::min(part, total - off));
-        rest.push_back(std::move(more_msg));
-      }
-      payload.resize(std::min(part, total));
-      d->mutable_payload()->set_offset(0);
-      d->mutable_payload()->set_data(std::move(payload));
-    }
-    messages.push_back(std::move(first));
-    for (auto& m : rest) messages.push_back(std::move(m));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ && !draining_) break;  // cancelled while making it
-    --credits_;
-    ++next_serial_;
-    outstanding_.insert(serial);
-    if (Metrics* m = service_->options_.metrics) {
-      m->Served(dataset_->config().name, shm_ ? "shm" : cuda_ipc_ ? "cuda_ipc" : "inline", total, batch.plan.num_samples);
-      m->InFlight(1);
-      const double parsed = loader_->pipeline().parse_seconds();
-      m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);
-      parse_seconds_reported_ = parsed;
-      m->Occupancy(dataset_->config().name, dataset_->resident_chunks(), dataset_->resident_bytes(),
-                   service_->pool_->queued(), service_->pool_->busy());
-    }
-    last_cursor_ = cursor;
-    for (auto& m : messages) queue_.push_back(std::move(m));
-    Pump();
-    if (draining_) break;  // the batch in flight is finished; no more
+    std::unique_ptr<BegunBatch> b = std::move(begun.front());
+    begun.pop_front();
+    if (!Publish(batch, b.get())) break;
+  }
+  // Nothing may still write into slots or buffers once this thread is gone.
+  while (loader_->in_flight() > 0) {
+    Batch discarded;
+    (void)loader_->Complete(&discarded);
   }
   std::lock_guard<std::mutex> lock(mu_);
   producer_done_ = true;
@@ -325,6 +309,66 @@ void StreamReactor::Produce() {
                                  absl::StrCat("conveyord is shutting down; resume with cursor ", last_cursor_));
   }
   Pump();
+}
+
+bool StreamReactor::Publish(const Batch& batch, BegunBatch* b) {
+  // Descriptor plus the bytes, split into parts that fit a message.
+  const std::string cursor = resolved_.Encode(batch.after);
+  const uint64_t part = service_->options_.inline_part_bytes;
+  const uint64_t total = batch.plan.total_bytes;
+  const uint32_t parts = static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part));
+  v1::StreamResponse first;
+  v1::BatchDescriptor* d = first.mutable_batch();
+  d->set_serial(b->serial);
+  d->set_epoch(batch.epoch);
+  d->set_batch(batch.index);
+  d->set_end_of_epoch(batch.end_of_epoch);
+  d->set_end_of_sweep(batch.end_of_sweep);
+  d->set_cursor(cursor);
+  d->set_parts(parts);
+  PlanToDescriptor(batch.plan, d);
+  std::vector<v1::StreamResponse> rest;
+  if (shm_) {
+    d->set_parts(0);
+    d->mutable_shm()->set_segment(b->slot.segment);
+    d->mutable_shm()->set_offset(b->slot.offset);
+  } else if (cuda_ipc_) {
+    d->set_parts(0);
+    d->mutable_cuda_ipc()->set_segment(b->slot.segment);
+    d->mutable_cuda_ipc()->set_offset(b->slot.offset);
+  } else {
+    // Parts after the first are copied out; the first keeps the assembled buffer itself.
+    for (uint64_t off = part; off < total; off += part) {
+      v1::StreamResponse more_msg;
+      more_msg.mutable_more()->set_serial(b->serial);
+      more_msg.mutable_more()->mutable_payload()->set_offset(off);
+      more_msg.mutable_more()->mutable_payload()->set_data(b->payload.data() + off, std::min(part, total - off));
+      rest.push_back(std::move(more_msg));
+    }
+    b->payload.resize(std::min(part, total));
+    d->mutable_payload()->set_offset(0);
+    d->mutable_payload()->set_data(std::move(b->payload));
+  }
+  b->messages.push_back(std::move(first));  // after a new segment's announcement
+  for (auto& m : rest) b->messages.push_back(std::move(m));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_ && !draining_) return false;  // cancelled while making it
+  --credits_;
+  ++next_serial_;
+  outstanding_.insert(b->serial);
+  if (Metrics* m = service_->options_.metrics) {
+    m->Served(dataset_->config().name, shm_ ? "shm" : cuda_ipc_ ? "cuda_ipc" : "inline", total, batch.plan.num_samples);
+    m->InFlight(1);
+    const double parsed = loader_->pipeline().parse_seconds();
+    m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);
+    parse_seconds_reported_ = parsed;
+    m->Occupancy(dataset_->config().name, dataset_->resident_chunks(), dataset_->resident_bytes(),
+                 service_->pool_->queued(), service_->pool_->busy());
+  }
+  last_cursor_ = cursor;
+  for (auto& m : b->messages) queue_.push_back(std::move(m));
+  Pump();
+  return true;
 }
 
 void StreamReactor::Pump() {

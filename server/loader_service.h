@@ -62,6 +62,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
  private:
   absl::Status Subscribe(const v1::Subscribe& s);
   void Produce();
+  struct BegunBatch;
+  // Queues batch `b`'s messages (descriptor, and its payload inline); false if the stream
+  // was cancelled meanwhile. mu_ not held.
+  bool Publish(const Batch& batch, BegunBatch* b);
   void Enqueue(std::vector<v1::StreamResponse> messages);
   // Starts the next write, or finishes when everything is sent. mu_ held.
   void Pump();
@@ -111,6 +115,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
     uint32_t segment = 0;
     uint64_t offset = 0;
     std::byte* data = nullptr;
+  };
+  struct BegunBatch {  // begun by the loader, not yet published
+    uint64_t serial = 0;
+    std::vector<v1::StreamResponse> messages;  // a new segment's announcement goes first
+    std::string payload;                       // inline: the batch's bytes
+    SlotRef slot;                              // shm, CUDA IPC: where it is assembled
   };
   // Takes a free slot of at least `bytes` for batch `serial` (announcing a new segment in
   // `messages` if needed). mu_ not held.

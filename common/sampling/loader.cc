@@ -31,6 +31,9 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
 }
 
 Loader::~Loader() {
+  // Batches begun may still be read from their chunks: wait for them first.
+  for (const auto& f : in_flight_) (void)assembler_->Wait(f->fence);
+  in_flight_.clear();
   pipeline_.reset();
   std::free(buffer_);
 }
@@ -124,13 +127,34 @@ void Loader::PlanAhead() {
 }
 
 absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destination) {
+  if (!in_flight_.empty()) return absl::FailedPreconditionError("Next() while batches begun are not completed");
+  BatchDestination own = [this](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+    if (bytes > buffer_size_) {
+      std::free(buffer_);
+      buffer_size_ = std::max<size_t>(bytes, buffer_size_ * 3 / 2);
+      buffer_size_ = (buffer_size_ + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
+      buffer_ = static_cast<std::byte*>(std::aligned_alloc(kArrayAlignment, std::max<size_t>(buffer_size_, kArrayAlignment)));
+      if (buffer_ == nullptr) {
+        buffer_size_ = 0;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bytes, "-byte batch"));
+      }
+    }
+    return absl::MakeSpan(buffer_, bytes);
+  };
+  ASSIGN_OR_RETURN(bool more, Begin(destination ? destination : own));
+  if (!more) return false;
+  RETURN_IF_ERROR(Complete(out));
+  return true;
+}
+
+absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   PlanAhead();
   if (planned_.empty()) return false;
   Planned p = std::move(planned_.front());
   planned_.pop_front();
-  std::vector<PieceRef> refs;
+  auto f = std::make_unique<InFlight>();
+  std::vector<PieceRef>& refs = f->refs;
   refs.reserve(p.batch.pieces.size());
-  std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;
   const ParsedChunk* last_chunk = nullptr;  // the chunk of the last ticket looked up
   uint64_t last_ticket = UINT64_MAX;
   absl::Status failed;
@@ -140,15 +164,15 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
     const Piece& piece = p.batch.pieces[i];
     const uint64_t t = p.tickets[i];
     if (t != last_ticket) {
-      auto it = held.find(t);
-      if (it == held.end()) {
+      auto it = f->held.find(t);
+      if (it == f->held.end()) {
         auto chunk = pipeline_->Get(t);
         if (!chunk.ok()) {
           failed = chunk.status();
           break;
         }
         if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
-        it = held.emplace(t, *chunk).first;
+        it = f->held.emplace(t, *chunk).first;
       }
       last_ticket = t;
       last_chunk = it->second.get();
@@ -167,9 +191,13 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
     if (frame_mode && dataset_->index().sequences[piece.sequence].num_samples > 1) r.frame = piece.frame;
     refs.push_back(r);
   }
-  const std::vector<uint64_t>& used = p.distinct;
+  f->used = std::move(p.distinct);
+  auto give_back = [&] {
+    f->held.clear();
+    for (uint64_t t : f->used) Unref(t);
+  };
   if (!failed.ok()) {
-    for (uint64_t t : used) Unref(t);
+    give_back();
     return failed;
   }
   BatchShape shape;
@@ -178,41 +206,43 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
   shape.frame_mode = frame_mode;
   auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_);
   if (!plan.ok()) {
-    for (uint64_t t : used) Unref(t);
+    give_back();
     return plan.status();
   }
-  absl::Span<std::byte> dst;
-  if (destination) {
-    auto given = destination(plan->total_bytes);
-    if (!given.ok() || given->size() < plan->total_bytes) {
-      for (uint64_t t : used) Unref(t);
-      return given.ok() ? absl::InternalError("the batch destination is too small") : given.status();
-    }
-    dst = given->subspan(0, plan->total_bytes);
-  } else if (plan->total_bytes > buffer_size_) {
-    std::free(buffer_);
-    buffer_size_ = std::max<size_t>(plan->total_bytes, buffer_size_ * 3 / 2);
-    buffer_size_ = (buffer_size_ + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
-    buffer_ = static_cast<std::byte*>(std::aligned_alloc(kArrayAlignment, std::max<size_t>(buffer_size_, kArrayAlignment)));
-    if (buffer_ == nullptr) {
-      buffer_size_ = 0;
-      for (uint64_t t : used) Unref(t);
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", plan->total_bytes, "-byte batch"));
-    }
+  auto given = destination(plan->total_bytes);
+  if (!given.ok() || given->size() < plan->total_bytes) {
+    give_back();
+    return given.ok() ? absl::InternalError("the batch destination is too small") : given.status();
   }
-  if (!destination) dst = absl::MakeSpan(buffer_, plan->total_bytes);
-  absl::Status st = assembler_->Assemble(*plan, refs, dst);
-  held.clear();
-  for (uint64_t t : used) Unref(t);
-  RETURN_IF_ERROR(st);
-  out->epoch = p.batch.epoch;
-  out->index = p.batch.batch;
-  out->end_of_epoch = p.batch.end_of_epoch;
-  out->end_of_sweep = p.batch.end_of_sweep;
-  out->plan = std::move(*plan);
-  out->bytes = absl::MakeConstSpan(dst.data(), out->plan.total_bytes);
-  out->after = p.batch.after;
+  f->dst = given->subspan(0, plan->total_bytes);
+  Batch& b = f->batch;
+  b.epoch = p.batch.epoch;
+  b.index = p.batch.batch;
+  b.end_of_epoch = p.batch.end_of_epoch;
+  b.end_of_sweep = p.batch.end_of_sweep;
+  b.plan = std::move(*plan);
+  b.after = p.batch.after;
+  auto fence = assembler_->Begin(b.plan, refs, f->dst);
+  if (!fence.ok()) {
+    give_back();
+    return fence.status();
+  }
+  f->fence = *fence;
+  in_flight_.push_back(std::move(f));
   return true;
+}
+
+absl::Status Loader::Complete(Batch* out) {
+  if (in_flight_.empty()) return absl::FailedPreconditionError("Complete() without a batch begun");
+  std::unique_ptr<InFlight> f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  absl::Status st = assembler_->Wait(f->fence);
+  f->held.clear();
+  for (uint64_t t : f->used) Unref(t);
+  RETURN_IF_ERROR(st);
+  *out = std::move(f->batch);
+  out->bytes = absl::MakeConstSpan(f->dst.data(), out->plan.total_bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor

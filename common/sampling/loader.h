@@ -67,6 +67,17 @@ class Loader {
   // a copy) and `out->bytes` points there; its errors are returned as they are.
   absl::StatusOr<bool> Next(Batch* out, const BatchDestination& destination = nullptr);
 
+  // The pipelined form of Next(): Begin() plans the next batch and starts assembling it
+  // into `destination`'s memory (returns false after the last batch, beginning nothing);
+  // Complete() waits for the oldest batch begun and fills `out`. With a pipelined or
+  // device assembler, planning batch k+1 overlaps assembling batch k:
+  //   Begin(d); while (Begin(d)) { Complete(&b); use(b); }  Complete(&b); use(b);
+  // Chunks stay held until their batch completes. Errors as Next(); after an error from
+  // Begin(), the batches begun before it can still be completed.
+  absl::StatusOr<bool> Begin(const BatchDestination& destination);
+  absl::Status Complete(Batch* out);
+  size_t in_flight() const { return in_flight_.size(); }
+
   const ChunkPipeline& pipeline() const { return *pipeline_; }
   // Chunks currently scheduled or held (for memory tests).
   size_t open_chunks() const { return open_.size() + closed_.size(); }
@@ -76,6 +87,14 @@ class Loader {
     PlannedBatch batch;
     std::vector<uint64_t> tickets;  // per piece
     std::vector<uint64_t> distinct;  // the tickets above, each once (sorted)
+  };
+  struct InFlight {  // a batch begun: what its assembly reads until it completes
+    Batch batch;      // all but `bytes`
+    std::vector<PieceRef> refs;
+    std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;  // ticket -> chunk
+    std::vector<uint64_t> used;  // distinct tickets, unreferenced at completion
+    absl::Span<std::byte> dst;
+    uint64_t fence = 0;
   };
   Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
          const LoaderOptions& options);
@@ -101,6 +120,7 @@ class Loader {
   bool prefetch_started_ = false;
   std::vector<uint32_t> prefetch_order_;           // chunk order of prefetch_sweep_
   std::set<uint64_t> fetched_;  // tickets taken from the pipeline at least once
+  std::deque<std::unique_ptr<InFlight>> in_flight_;  // begun, oldest first
   std::byte* buffer_ = nullptr;
   size_t buffer_size_ = 0;
 };

@@ -122,6 +122,59 @@ TEST(BatchLayout, AssemblerRefusesASmallSlot) {
   EXPECT_EQ(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(buf)).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The pipelined wrapper: each batch's result (or error) at its own fence, in order, with
+// the bytes the CPU assembler writes directly.
+TEST(PipelinedAssembler, EachFenceReportsItsOwnBatch) {
+  ParsedChunk c = MakeChunk();
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0), Ref(&c, 1, 1)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(2, false), refs);
+  ASSERT_TRUE(plan.ok());
+  std::vector<std::byte> want(plan->total_bytes);
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, refs, absl::MakeSpan(want)).ok());
+  auto piped = MakePipelinedAssembler(MakeCpuAssembler());
+  EXPECT_STREQ(piped->name(), "cpu");
+  std::vector<std::vector<std::byte>> out(5, std::vector<std::byte>(plan->total_bytes, std::byte{0xAB}));
+  std::vector<uint64_t> fences;
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Batch 2's destination is one byte short: only its fence fails.
+    auto dst = absl::MakeSpan(out[i]).subspan(0, i == 2 ? plan->total_bytes - 1 : plan->total_bytes);
+    auto f = piped->Begin(*plan, refs, dst);
+    ASSERT_TRUE(f.ok()) << f.status();
+    fences.push_back(*f);
+  }
+  for (size_t i = 1; i < fences.size(); ++i) EXPECT_GT(fences[i], fences[i - 1]);
+  for (size_t i = 0; i < out.size(); ++i) {
+    absl::Status st = piped->Wait(fences[i]);
+    if (i == 2) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << i << ": " << st;
+    EXPECT_EQ(out[i], want) << "batch " << i;
+  }
+  EXPECT_EQ(piped->Wait(fences.back() + 1).code(), absl::StatusCode::kInvalidArgument);
+  // The synchronous call still works, between and after pipelined ones.
+  std::vector<std::byte> again(plan->total_bytes);
+  ASSERT_TRUE(piped->Assemble(*plan, refs, absl::MakeSpan(again)).ok());
+  EXPECT_EQ(again, want);
+}
+
+// Destroyed with batches begun and not waited for: it finishes them (their memory may be read
+// by whoever began them) instead of leaving a thread writing into freed memory.
+TEST(PipelinedAssembler, DestructionFinishesWhatWasBegun) {
+  ParsedChunk c = MakeChunk();
+  std::vector<PieceRef> refs = {Ref(&c, 0, 0), Ref(&c, 1, 1)};
+  auto plan = PlanBatch(Streams(), Precision::kFloat, Shape(2, false), refs);
+  ASSERT_TRUE(plan.ok());
+  std::vector<std::vector<std::byte>> out(16, std::vector<std::byte>(plan->total_bytes, std::byte{0xAB}));
+  {
+    auto piped = MakePipelinedAssembler(MakeCpuAssembler());
+    for (auto& o : out) ASSERT_TRUE(piped->Begin(*plan, refs, absl::MakeSpan(o)).ok());
+  }
+  for (auto& o : out) EXPECT_EQ(o, out[0]);
+  EXPECT_NE(out[0], std::vector<std::byte>(plan->total_bytes, std::byte{0xAB}));
+}
+
 // Truncated BPTT: pieces of sequences at time offsets, with mask and begin/end flags.
 TEST(BatchLayout, TruncatedPiecesFillStepsWithMaskAndFlags) {
   ParsedChunk c = MakeChunk();

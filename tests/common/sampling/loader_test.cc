@@ -2,9 +2,13 @@
 // parse-ahead pipeline and keepDataInMemory.
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/sampling/loader.h"
 #include "common/sampling/parser_pool.h"
@@ -129,6 +133,152 @@ TEST_F(LoaderTest, KeepDataInMemoryParsesEachChunkOnce) {
 TEST_F(LoaderTest, WithoutKeepEveryEpochParsesAgain) {
   const uint64_t parsed = ParsedAfterEpochs(false, 3, 2);
   EXPECT_EQ(parsed, 3 * chunks_);
+}
+
+// Assembles nothing at Begin(): the whole batch is written when its fence is waited for,
+// the latest moment the interface allows. Before writing, it checks that every chunk the
+// batch reads is still the one the dataset holds (a loader that let a batch's chunks go
+// before Complete() would have had them freed: the dataset would parse them anew).
+class DeferredAssembler final : public BatchAssembler {
+ public:
+  explicit DeferredAssembler(const Dataset* dataset) : dataset_(dataset) {}
+  const char* name() const override { return "deferred"; }
+  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
+    return cpu_->Assemble(plan, pieces, dst);
+  }
+  absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                                 absl::Span<std::byte> dst) override {
+    Job job{&plan, pieces, dst, {}};
+    for (const PieceRef& p : pieces) job.chunks[p.chunk] = p.chunk->chunk_id;
+    jobs_.push_back(std::move(job));
+    return jobs_.size();
+  }
+  absl::Status Wait(uint64_t fence) override {
+    const Job& j = jobs_.at(fence - 1);
+    most_pending_ = std::max<uint64_t>(most_pending_, jobs_.size() - waited_);  // begun, not waited for
+    waited_ = fence;
+    for (const auto& [chunk, id] : j.chunks) {
+      auto live = dataset_->SharedChunk(id);
+      if (!live.ok() || live->get() != chunk) {
+        return absl::InternalError(absl::StrCat("chunk ", id, " of batch ", fence, " was released before its Wait()"));
+      }
+    }
+    return cpu_->Assemble(*j.plan, j.pieces, j.dst);
+  }
+  uint64_t most_pending() const { return most_pending_; }
+
+ private:
+  struct Job {
+    const BatchPlan* plan;
+    absl::Span<const PieceRef> pieces;
+    absl::Span<std::byte> dst;
+    std::map<const ParsedChunk*, uint64_t> chunks;  // read by the batch -> its id
+  };
+  const Dataset* const dataset_;
+  std::unique_ptr<BatchAssembler> cpu_ = MakeCpuAssembler();
+  std::vector<Job> jobs_;
+  uint64_t waited_ = 0, most_pending_ = 0;
+};
+
+// Begin()/Complete() with up to `depth` batches in flight deliver exactly Next()'s batches,
+// with the pipelined CPU assembler and with the deferred one, over many small chunks that
+// come and go (no keepDataInMemory, a window of 2 chunks, one chunk parsed ahead).
+TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
+  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
+  c.deserializers[0].chunk_size_in_bytes = 200;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  ASSERT_GT((*ds)->index().chunks.size(), 20u);
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 9;
+  lo.planner.epochs = 2;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 2;
+  lo.prefetch = 1;
+  auto cpu = MakeCpuAssembler();
+  std::vector<std::vector<std::byte>> want;
+  {
+    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    ASSERT_TRUE(loader.ok());
+    Batch b;
+    while (true) {
+      auto more = (*loader)->Next(&b);
+      ASSERT_TRUE(more.ok()) << more.status();
+      if (!*more) break;
+      want.emplace_back(b.bytes.begin(), b.bytes.end());
+    }
+  }
+  ASSERT_GT(want.size(), 80u);
+  for (size_t depth : {1, 2, 3}) {
+    for (bool deferred : {false, true}) {
+      std::unique_ptr<BatchAssembler> assembler =
+          deferred ? std::unique_ptr<BatchAssembler>(new DeferredAssembler(ds->get())) : MakePipelinedAssembler(MakeCpuAssembler());
+      auto loader = Loader::Create(ds->get(), assembler.get(), lo);
+      ASSERT_TRUE(loader.ok());
+      std::deque<std::vector<std::byte>> buffers;  // one per batch in flight
+      auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+        buffers.emplace_back(bytes, std::byte{0xAB});
+        return absl::MakeSpan(buffers.back());
+      };
+      std::vector<std::vector<std::byte>> got;
+      bool more = true;
+      while (more || (*loader)->in_flight() > 0) {
+        while (more && (*loader)->in_flight() < depth) {
+          auto begun = (*loader)->Begin(destination);
+          ASSERT_TRUE(begun.ok()) << begun.status();
+          more = *begun;
+        }
+        if ((*loader)->in_flight() == 0) break;
+        Batch b;
+        absl::Status st = (*loader)->Complete(&b);
+        ASSERT_TRUE(st.ok()) << st;
+        ASSERT_EQ(b.bytes.data(), buffers.front().data());
+        got.emplace_back(b.bytes.begin(), b.bytes.end());
+        buffers.pop_front();
+      }
+      EXPECT_EQ(got.size(), want.size()) << "depth " << depth << (deferred ? ", deferred" : ", pipelined");
+      for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "batch " << i << ", depth " << depth << (deferred ? ", deferred" : ", pipelined");
+      }
+      if (deferred) {
+        EXPECT_EQ(static_cast<DeferredAssembler*>(assembler.get())->most_pending(), depth);
+      }
+      Batch b;
+      EXPECT_EQ((*loader)->Complete(&b).code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+}
+
+// Next() refuses to run while batches begun are not completed (its buffer would be shared),
+// and a loader destroyed with batches in flight waits for them.
+TEST_F(LoaderTest, NextWaitsForNoneAndDestructionWaitsForAll) {
+  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  auto assembler = MakePipelinedAssembler(MakeCpuAssembler());
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 50;
+  auto loader = Loader::Create(ds->get(), assembler.get(), lo);
+  ASSERT_TRUE(loader.ok());
+  std::vector<std::vector<std::byte>> buffers(3);
+  size_t used = 0;
+  auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+    buffers[used].assign(bytes, std::byte{0xAB});
+    return absl::MakeSpan(buffers[used++]);
+  };
+  ASSERT_TRUE((*loader)->Begin(destination).ok());
+  Batch b;
+  EXPECT_EQ((*loader)->Next(&b).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*loader)->Begin(destination).ok());
+  loader->reset();  // two batches in flight
+  // Both were finished: they are the first two batches a synchronous loader gives.
+  auto cpu = MakeCpuAssembler();
+  auto sync = Loader::Create(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(sync.ok());
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(*(*sync)->Next(&b));
+    EXPECT_EQ(buffers[i], std::vector<std::byte>(b.bytes.begin(), b.bytes.end())) << "batch " << i;
+  }
 }
 
 TEST_F(LoaderTest, ParseErrorBeyondTheBudgetStopsTheLoader) {
