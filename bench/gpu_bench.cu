@@ -2,6 +2,11 @@
 // the same run (device/METHOD.md): a large device-to-device copy (bytes read + written), a
 // pinned host-to-device copy, then the CUDA assembler end to end (host packing included) on
 // generated batches, and Kaldi CM decoding on the device next to the CPU decoder on one core.
+// With `--examples CONFIG`, every dataset of CONFIG (examples/conveyor.yaml) also goes
+// through the whole loader: batches/s with the CPU assembler into host memory, and with the
+// CUDA assembler into device slots one batch at a time and pipelined (two in flight, as the
+// daemon runs it), with the share of the wall time the host spent waiting for the device
+// (near 0: the device idles between batches, the host is the bound; near 1: the device is).
 // Medians of repeated runs after a warm-up. Prints a table; `--json` prints one JSON line.
 #include <cuda_runtime.h>
 
@@ -13,7 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
 #include "common/formats/kaldi/kaldi_object.h"
+#include "common/sampling/loader.h"
+#include "common/sampling/stream_request.h"
 #include "cuda/assembly_program.h"
 #include "cuda/cuda_assembler.h"
 #include "cuda/kaldi_cm_device.h"
@@ -56,6 +65,76 @@ double TimeCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, c
   return Median(t);
 }
 
+double Now();
+
+struct LoaderRun {
+  double batches_per_s = 0, wait_share = 0;
+  uint64_t batches = 0, bytes = 0;
+};
+
+// One pass of `epochs` epochs through `dataset` (keepDataInMemory: parsing once, then
+// planning and assembly). `depth` 0: Next() into a host buffer with the CPU assembler.
+LoaderRun RunLoader(const conveyor::Dataset& dataset, conveyor::BatchAssembler* assembler, size_t depth,
+                    uint64_t minibatch, uint64_t epochs, std::vector<std::byte*>& slots, uint64_t slot_bytes) {
+  using namespace conveyor;
+  StreamRequest r;
+  r.randomize = true;
+  r.seed = 1;
+  r.minibatch_size = minibatch;
+  r.epochs = epochs;
+  r.threads = 2;
+  auto resolved = ResolveStream(dataset, r);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(resolved.status().message()).c_str());
+    std::exit(1);
+  }
+  auto loader = Loader::Create(&dataset, assembler, resolved->loader);
+  if (!loader.ok()) std::exit(1);
+  LoaderRun run;
+  double waited = 0;
+  const double t0 = Now();
+  Batch b;
+  if (depth == 0) {
+    while (true) {
+      auto more = (*loader)->Next(&b);
+      if (!more.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(more.status().message()).c_str());
+        std::exit(1);
+      }
+      if (!*more) break;
+      ++run.batches;
+      run.bytes += b.plan.total_bytes;
+    }
+  } else {
+    size_t next_slot = 0;
+    auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+      if (bytes > slot_bytes) return absl::ResourceExhaustedError("gpu_bench: a batch larger than its slots");
+      return absl::MakeSpan(slots[next_slot++ % slots.size()], bytes);
+    };
+    bool more = true;
+    while (more || (*loader)->in_flight() > 0) {
+      while (more && (*loader)->in_flight() < depth) {
+        auto begun = (*loader)->Begin(destination);
+        if (!begun.ok()) {
+          std::fprintf(stderr, "%s\n", std::string(begun.status().message()).c_str());
+          std::exit(1);
+        }
+        more = *begun;
+      }
+      if ((*loader)->in_flight() == 0) break;
+      const double w = Now();
+      if (!(*loader)->Complete(&b).ok()) std::exit(1);
+      waited += Now() - w;
+      ++run.batches;
+      run.bytes += b.plan.total_bytes;
+    }
+  }
+  const double sec = Now() - t0;
+  run.batches_per_s = run.batches / sec;
+  run.wait_share = waited / sec;
+  return run;
+}
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -81,7 +160,16 @@ std::string RandomCm(int rows, int cols, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   using namespace conveyor;
-  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  bool json = false;
+  std::string examples;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) json = true;
+    else if (std::strcmp(argv[i], "--examples") == 0 && i + 1 < argc) examples = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: gpu_bench [--json] [--examples examples/conveyor.yaml]\n");
+      return 2;
+    }
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::fprintf(stderr, "gpu_bench: no CUDA device\n");
@@ -172,6 +260,49 @@ int main(int argc, char** argv) {
   const double dev = bytes / Median(dev_t) / 1e6, cpu = bytes / Median(cpu_t) / 1e6;
   std::printf("Kaldi CM decode: device %.0f MB/s of archive (H2D included), CPU one core %.0f MB/s, ratio %.1f\n", dev, cpu,
               dev / cpu);
+  if (!examples.empty()) {
+    auto config = LoadConfigFile(examples);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+      return 1;
+    }
+    std::printf("example datasets through the loader (randomized, minibatch 256, parsed once):\n");
+    std::printf("%-12s %9s %14s %14s %16s %12s\n", "dataset", "batch KB", "cpu batches/s", "cuda 1 at once",
+                "cuda pipelined", "host waits");
+    auto cuda = gpu::CudaAssembler::Create({});
+    if (!cuda.ok()) return 1;
+    auto cpu = MakeCpuAssembler();
+    const uint64_t slot_bytes = uint64_t{64} << 20;
+    auto pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, slot_bytes, 4);
+    if (!pool.ok()) return 1;
+    std::vector<std::byte*> slots;
+    for (int i = 0; i < 4; ++i) slots.push_back((*pool)->Acquire(absl::ZeroDuration())->data);
+    for (DatasetConfig dc : config->datasets) {
+      dc.keep_data_in_memory = true;
+      auto ds = Dataset::Open(dc);
+      if (!ds.ok()) {
+        std::fprintf(stderr, "%s: %s\n", dc.name.c_str(), std::string(ds.status().message()).c_str());
+        continue;
+      }
+      const uint64_t epochs = 20;
+      (void)RunLoader(**ds, cpu.get(), 0, 256, 1, slots, slot_bytes);  // parses, warms up
+      std::vector<double> c, one, two, wait;
+      LoaderRun last;
+      for (int rep = 0; rep < 3; ++rep) {
+        c.push_back(RunLoader(**ds, cpu.get(), 0, 256, epochs, slots, slot_bytes).batches_per_s);
+        one.push_back(RunLoader(**ds, cuda->get(), 1, 256, epochs, slots, slot_bytes).batches_per_s);
+        last = RunLoader(**ds, cuda->get(), 2, 256, epochs, slots, slot_bytes);
+        two.push_back(last.batches_per_s);
+        wait.push_back(last.wait_share);
+      }
+      const double kb = last.batches ? last.bytes / 1e3 / last.batches : 0;
+      std::printf("%-12s %9.1f %14.0f %14.0f %16.0f %11.0f%%\n", dc.name.c_str(), kb, Median(c), Median(one), Median(two),
+                  100 * Median(wait));
+      js += "\"loader_" + dc.name + "\": {\"cpu_batches_per_s\": " + std::to_string(Median(c)) +
+            ", \"cuda_sync_batches_per_s\": " + std::to_string(Median(one)) + ", \"cuda_pipelined_batches_per_s\": " +
+            std::to_string(Median(two)) + ", \"host_wait_share\": " + std::to_string(Median(wait)) + "}, ";
+    }
+  }
   js += "\"d2d_gb_s\": " + std::to_string(d2d) + ", \"h2d_gb_s\": " + std::to_string(h2d) + ", \"cm_device_mb_s\": " +
         std::to_string(dev) + ", \"cm_cpu_mb_s\": " + std::to_string(cpu) + "}";
   if (json) std::printf("%s\n", js.c_str());

@@ -44,6 +44,7 @@ class CudaAssembler final : public BatchAssembler {
   absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                                  absl::Span<std::byte> dst) override;
   absl::Status Wait(uint64_t fence) override;
+  bool pipelined() const override { return true; }
   absl::Status Synchronize();
   int device() const;
 

@@ -19,11 +19,11 @@ for bin in "$out/conveyor_gpu_tests" "$out/gpu_bench"; do
   ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libabsl|libyaml|libgtest|libgmock|libfmt' | xargs -r -I{} cp -L {} "$out/lib/"
 done
 cp ../shared/testdata/kaldi/cm*.ark "$out/testdata/kaldi/"
+mkdir -p "$out/examples" && cp examples/*.yaml examples/*.ctf "$out/examples/"
 # The daemon and the CLI with every Debian library they load (gRPC, protobuf, OpenSSL,
 # libstdc++...; not libc, not CUDA's), for the CUDA IPC transport end to end on the device.
 if [[ -x build/server/conveyord && -x build/client/conveyor ]]; then
   cp build/server/conveyord build/client/conveyor "$out/"
-  mkdir -p "$out/examples" && cp examples/*.yaml examples/*.ctf "$out/examples/"
   for bin in "$out/conveyord" "$out/conveyor"; do
     ldd "$bin" | awk '/=> \// {print $3}' | grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so|/usr/local/cuda|libcuda\.so' \
       | xargs -r -I{} cp -Ln {} "$out/lib/"
@@ -45,7 +45,7 @@ for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter='*Gpu*:AssemblerEquivalence/1*' \
     >"$out/sanitizer_$tool.log" 2>&1 && echo "compute-sanitizer $tool: clean" || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$out/sanitizer_$tool.log"; rc=1; }
 done
-"$here/gpu_bench" --json 2>&1 | tee "$out/gpu_bench.log"
+"$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" 2>&1 | tee "$out/gpu_bench.log"
 # CUDA IPC end to end: the daemon assembles on the GPU, the CLI opens its blocks in another
 # process. The dump must equal the local one; then throughput next to shared memory.
 if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then

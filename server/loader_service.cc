@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
@@ -104,10 +103,13 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
     if (!cuda.ok()) return cuda.status();
     assembler_ = std::move(*cuda);
   } else {
+    // The CUDA assembler overlaps by itself (the device assembles batch k while the host
+    // plans k+1). The CPU one stays synchronous: on a worker thread of its own it cost CPU
+    // time and gained no throughput here (bench/RESULTS.md, "Pipelined assembly").
     assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
-    // The CPU assembler copies on a worker thread of the stream's own while the next batch
-    // is planned; the CUDA one already overlaps (the device assembles, the host plans).
-    if (std::string_view(assembler_->name()) == "cpu") assembler_ = MakePipelinedAssembler(std::move(assembler_));
+    if (service_->options_.pipelined_cpu_assembly && !assembler_->pipelined()) {
+      assembler_ = MakePipelinedAssembler(std::move(assembler_));
+    }
   }
   auto loader = Loader::Create(dataset_.get(), assembler_.get(), resolved_.loader);
   if (!loader.ok()) return loader.status();
@@ -228,9 +230,10 @@ void StreamReactor::OnReadDone(bool ok) {
 
 void StreamReactor::Produce() {
   // Up to two batches in flight: batch k+1 is planned and begun while batch k is assembled
-  // (by the pipelined CPU assembler's worker, or by the device), and k is published once it
-  // is complete. Each batch begun holds a credit until it is published.
-  constexpr size_t kDepth = 2;
+  // (by the device: CUDA IPC, --assembler cuda), and k is published once it is complete.
+  // Each batch begun holds a credit until it is published. The CPU assembler completes a
+  // batch as it begins it: one at a time.
+  const size_t depth = assembler_->pipelined() ? 2 : 1;
   std::deque<std::unique_ptr<BegunBatch>> begun;
   uint64_t serial = next_serial_;  // the next batch to begin (only this thread advances them)
   bool ended = false;
@@ -241,7 +244,7 @@ void StreamReactor::Produce() {
       std::unique_lock<std::mutex> lock(mu_);
       if (begun.empty() && !ended && failed.ok()) cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
       if (stop_ && !draining_) break;  // cancelled: nothing more is sent
-      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < kDepth;
+      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < depth;
     }
     if (may_begin) {
       // The batch is assembled straight into where it travels from: a shared-memory or

@@ -36,6 +36,9 @@ class BatchAssembler {
     if (!st.ok()) return st;
     return ++assembled_;
   }
+  // True when Begin() returns before the batch is written (a worker thread, a device): only
+  // then is there anything to gain from beginning the next batch before completing this one.
+  virtual bool pipelined() const { return false; }
   // Returns when batch `fence` is complete, with its error if assembling it failed.
   virtual absl::Status Wait(uint64_t fence) {
     (void)fence;

@@ -27,6 +27,7 @@ class PipelinedAssembler final : public BatchAssembler {
   }
 
   const char* name() const override { return inner_->name(); }
+  bool pipelined() const override { return true; }
 
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
     auto fence = Begin(plan, pieces, dst);

@@ -354,6 +354,8 @@ class Converter {
     DeserializerConfig inline_d;
     std::vector<DeserializerConfig> legacy_htk;
     bool has_inline = false;
+    std::string inline_key;  // the first deserializer key given at the dataset's level
+    const ConfigNode* inline_at = nullptr;
     const ConfigNode* deserializers = nullptr;
     if (const ConfigNode* t = n.Get("readerType")) {
       RETURN_IF_ERROR(DeserializerKey("readerType", *t, &inline_d).status());
@@ -383,6 +385,10 @@ class Converter {
       }
       ASSIGN_OR_RETURN(known, DeserializerKey(k, v, &inline_d));
       if (known) {
+        if (!has_inline) {
+          inline_key = k;
+          inline_at = &v;
+        }
         has_inline = true;
         continue;
       }
@@ -403,7 +409,11 @@ class Converter {
         return Error(n, absl::StrCat("dataset '", name, "': an HTKMLFReader needs a features block with 'scpFile'"));
       for (DeserializerConfig& h : legacy_htk) ds.deserializers.push_back(std::move(h));
     } else if (deserializers != nullptr) {
-      if (has_inline) return Error(n, absl::StrCat("dataset '", name, "' has both 'deserializers' and 'file'/'input'; use one"));
+      if (has_inline) {
+        return Error(*inline_at, absl::StrCat("dataset '", name, "' has 'deserializers', and '", inline_key,
+                                              "' is a deserializer's key: move it into a deserializer's block (or drop "
+                                              "'deserializers' and give 'file' and 'input' at the dataset's level)"));
+      }
       if (deserializers->kind == ConfigNode::Kind::kList) {
         for (const auto& d : deserializers->list) RETURN_IF_ERROR(Deserializer(d, &ds));
       } else {

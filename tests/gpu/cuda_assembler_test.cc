@@ -1,9 +1,16 @@
 // One interface, two backends, one test (STYLE.md 11): every standard generated batch is
 // assembled by the CPU reference and by each backend here, and the bytes must agree. The
 // host-program backend runs everywhere; the CUDA ones skip without a device.
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
+#include "common/sampling/loader.h"
 
 #include "cuda/assembly_program.h"
 #include "cuda/cuda_assembler.h"
@@ -131,6 +138,147 @@ TEST(CudaAssemblerGpu, BackToBackAsyncBatchesAreAllCorrect) {
     ASSERT_TRUE(CopyMemory(got.data(), slots[i].data, got.size()).ok());
     EXPECT_TRUE(want == got);
   }
+}
+
+// The pipelined interface: every batch begun into its own device slot, then, once Begin()
+// has returned, the host scribbles over the chunks the batch was made from (the device must
+// have taken what it needs into staging already); each fence then yields the CPU's bytes.
+TEST(CudaAssemblerGpu, FencedBatchesNoLongerReadTheChunksOnceBegun) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  auto assembler = CudaAssembler::Create({});
+  ASSERT_TRUE(assembler.ok()) << assembler.status();
+  auto cpu = MakeCpuAssembler();
+  const auto cases = StandardCases();
+  std::vector<conveyor::testing::BatchCase> batches;
+  std::vector<BatchPlan> plans;
+  std::vector<std::vector<std::byte>> want;
+  uint64_t largest = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    batches.push_back(MakeBatchCase(cases[i], 300 + i));
+    auto plan = PlanBatch(batches.back().streams, cases[i].precision, batches.back().shape, batches.back().pieces,
+                          batches.back().layouts);
+    ASSERT_TRUE(plan.ok());
+    largest = std::max(largest, plan->total_bytes);
+    want.emplace_back(plan->total_bytes);
+    ASSERT_TRUE(cpu->Assemble(*plan, batches.back().pieces, absl::MakeSpan(want.back())).ok());
+    plans.push_back(std::move(*plan));
+  }
+  auto pool = SlotPool::Create(MemoryKind::kDevice, largest, static_cast<uint32_t>(plans.size()));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::vector<Slot> slots;
+  std::vector<uint64_t> fences;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    auto slot = (*pool)->Acquire(absl::ZeroDuration());
+    ASSERT_TRUE(slot.ok());
+    slots.push_back(*slot);
+    auto fence = (*assembler)->Begin(plans[i], batches[i].pieces, absl::MakeSpan(slot->data, slot->bytes));
+    ASSERT_TRUE(fence.ok()) << fence.status();
+    fences.push_back(*fence);
+    for (auto& chunk : batches[i].chunks) {
+      for (ParsedStream& ps : chunk->streams) {
+        std::fill(ps.values_f32.begin(), ps.values_f32.end(), -7.0f);
+        std::fill(ps.values_f64.begin(), ps.values_f64.end(), -7.0);
+        std::fill(ps.indices.begin(), ps.indices.end(), 0);
+      }
+    }
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    absl::Status st = (*assembler)->Wait(fences[i]);
+    ASSERT_TRUE(st.ok()) << st;
+    std::vector<std::byte> got(plans[i].total_bytes);
+    ASSERT_TRUE(CopyMemory(got.data(), slots[i].data, got.size()).ok());
+    EXPECT_TRUE(want[i] == got);
+  }
+  EXPECT_EQ((*assembler)->Wait(fences.back()).code(), absl::StatusCode::kInvalidArgument);  // waited for already
+}
+
+// The whole loader with `assembler`, two batches in flight into slots of `kind` (as the
+// daemon runs a CUDA IPC stream): every batch equals the CPU loader's, over a randomized
+// sparse + dense CTF file of many small chunks.
+void ExpectPipelinedLoaderMatchesTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
+  const std::string path = ::testing::TempDir() + "/conveyor_gpu_loader.ctf";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    for (int i = 0; i < 3000; ++i) {
+      const int len = 1 + i % 5;
+      for (int t = 0; t < len; ++t) {
+        std::fprintf(f, "%d |x %d:%d.5 %d:1 |y %d %d\n", i, (i * 7 + t) % 1000, t, (i + 3 * t) % 1000, i % 3, t);
+      }
+    }
+    std::fclose(f);
+  }
+  auto config = ParseConfig(
+      "datasets:\n  d:\n    deserializers:\n      - type: CNTKTextFormat\n        chunkSizeInBytes: 4000\n        file: " +
+          path + "\n        input:\n          x: {dim: 1000, format: sparse}\n          y: {dim: 2, format: dense}\n",
+      "test", "/");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(config->datasets[0]);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 64;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 3;
+  lo.threads = 2;
+  auto cpu = MakeCpuAssembler();
+  std::vector<std::vector<std::byte>> want;
+  {
+    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    ASSERT_TRUE(loader.ok());
+    Batch b;
+    while (*(*loader)->Next(&b)) want.emplace_back(b.bytes.begin(), b.bytes.end());
+  }
+  ASSERT_GT(want.size(), 50u);
+  uint64_t largest = 0;
+  for (const auto& w : want) largest = std::max<uint64_t>(largest, w.size());
+  auto pool = SlotPool::Create(kind, largest, 3);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::deque<Slot> free_slots;
+  for (int i = 0; i < 3; ++i) free_slots.push_back(*(*pool)->Acquire(absl::ZeroDuration()));
+  std::deque<Slot> used;
+  auto loader = Loader::Create(ds->get(), assembler, lo);
+  ASSERT_TRUE(loader.ok());
+  auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+    if (free_slots.empty() || bytes > largest) return absl::InternalError("no slot");
+    used.push_back(free_slots.front());
+    free_slots.pop_front();
+    return absl::MakeSpan(used.back().data, bytes);
+  };
+  size_t n = 0;
+  bool more = true;
+  while (more || (*loader)->in_flight() > 0) {
+    while (more && (*loader)->in_flight() < 2) {
+      auto begun = (*loader)->Begin(destination);
+      ASSERT_TRUE(begun.ok()) << begun.status();
+      more = *begun;
+    }
+    if ((*loader)->in_flight() == 0) break;
+    Batch b;
+    absl::Status st = (*loader)->Complete(&b);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_LT(n, want.size());
+    std::vector<std::byte> got(b.bytes.size());
+    ASSERT_TRUE(CopyMemory(got.data(), b.bytes.data(), got.size()).ok());
+    EXPECT_TRUE(got == want[n]) << "batch " << n;
+    ++n;
+    free_slots.push_back(used.front());
+    used.pop_front();
+  }
+  EXPECT_EQ(n, want.size());
+  std::remove(path.c_str());
+}
+
+TEST(HostProgramAssembler, PipelinedLoaderMatchesTheCpuLoader) {
+  auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
+  ExpectPipelinedLoaderMatchesTheCpuLoader(host.get(), MemoryKind::kHost);
+}
+
+TEST(CudaAssemblerGpu, PipelinedLoaderMatchesTheCpuLoader) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  auto cuda = CudaAssembler::Create({});
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ExpectPipelinedLoaderMatchesTheCpuLoader(cuda->get(), MemoryKind::kDevice);
 }
 
 }  // namespace

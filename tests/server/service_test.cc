@@ -432,6 +432,94 @@ TEST(Service, ResumeFromACursorContinuesExactly) {
   EXPECT_EQ(*head + *rest, full);
 }
 
+// The daemon's pipelined path (CUDA streams take it on a GPU host; here the CPU assembler
+// on a worker thread): two batches in flight, published in order, over inline parts,
+// shared-memory slots with 1 to 3 credits and truncated BPTT, each equal to the dump; and a
+// drain with batches in flight ends with the last cursor sent, from which the rest follows.
+TEST(Service, PipelinedAssemblyDeliversWhatDumpPrints) {
+  ServiceOptions o;
+  o.pipelined_cpu_assembly = true;
+  o.inline_part_bytes = 4096;
+  o.min_slot_bytes = 256;
+  o.slot_headroom = 1.0;  // new segments announced while a batch is in flight
+  Daemon d(o);
+  auto client = Client::Connect(d.unix_socket());
+  const std::string sparse = LocalDump("sparse", 40);
+  auto inl = (*client)->Subscribe(Sub("sparse", 40));
+  auto got = Drain(inl->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, sparse);
+  for (uint32_t credits : {1, 2, 3}) {
+    v1::Subscribe s = Sub("sparse", 40);
+    s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+    s.set_initial_credits(credits);
+    auto sub = (*client)->Subscribe(s);
+    auto shm = Drain(sub->get());
+    ASSERT_TRUE(shm.ok()) << shm.status();
+    EXPECT_EQ(*shm, sparse) << credits << " credits";
+  }
+  v1::Subscribe t = Sub("sequences", 40);
+  t.set_truncation(5);
+  t.set_parallel(4);
+  auto bptt = (*client)->Subscribe(t);
+  auto tgot = Drain(bptt->get());
+  ASSERT_TRUE(tgot.ok()) << tgot.status();
+  StreamRequest extra;
+  extra.truncation = 5;
+  extra.parallel = 4;
+  EXPECT_EQ(*tgot, LocalDump("sequences", 40, extra));
+}
+
+TEST(Service, PipelinedDrainResumesExactly) {
+  ServiceOptions o;
+  o.pipelined_cpu_assembly = true;
+  auto d = std::make_unique<Daemon>(o);
+  auto client = Client::Connect(d->tcp());
+  v1::Subscribe s = Sub("sparse", 10);
+  s.set_epochs(3);
+  s.set_initial_credits(8);
+  SubscribeOptions no_reconnect;
+  no_reconnect.reconnect = false;
+  auto sub = (*client)->Subscribe(s, no_reconnect);
+  ReceivedBatch b;
+  std::string head;
+  ASSERT_TRUE(*(*sub)->Next(&b));
+  AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &head);
+  d->service().Drain();
+  absl::Status end;
+  while (true) {
+    auto more = (*sub)->Next(&b);
+    if (!more.ok()) {
+      end = more.status();
+      break;
+    }
+    ASSERT_TRUE(*more);
+    AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &head);
+  }
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
+  const std::string cursor = (*sub)->last_cursor();
+  EXPECT_NE(end.message().find("resume with cursor " + cursor), std::string::npos) << end;
+  sub->reset();
+  d.reset();
+  Daemon again(o);
+  auto client2 = Client::Connect(again.tcp());
+  v1::Subscribe r = s;
+  r.set_resume_cursor(cursor);
+  auto rest_sub = (*client2)->Subscribe(r);
+  auto rest = Drain(rest_sub->get());
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  StreamRequest extra;
+  extra.epochs = 3;
+  auto config = LoadConfigFile(kExamples);
+  ReadOptions ro;
+  ro.minibatch_size = 10;
+  ro.epochs = 3;
+  ro.cursors = true;
+  ro.request.randomize = true;
+  ro.request.seed = 3;
+  EXPECT_EQ(head + *rest, *DumpDataset(*config->Find("sparse"), ro));
+}
+
 TEST(Service, DrainEndsStreamsWithTheirLastCursor) {
   auto d = std::make_unique<Daemon>();
   auto client = Client::Connect(d->tcp());

@@ -246,6 +246,17 @@ TEST(Config, ErrorsNameFileLineAndColumn) {
   EXPECT_NE(format.status().message().find("expected format dense, sparse or ids"), std::string::npos);
 }
 
+TEST(Config, ADeserializerKeyBesideDeserializersSaysWhereItGoes) {
+  auto misplaced = ParseConfig(
+      "datasets:\n  d:\n    chunkSizeInBytes: 4000\n    deserializers: [{file: x, input: {a: {dim: 1, format: dense}}}]\n",
+      "c.yaml", "");
+  ASSERT_FALSE(misplaced.ok());
+  EXPECT_NE(misplaced.status().message().find("c.yaml:3:23: dataset 'd' has 'deserializers', and 'chunkSizeInBytes' is a "
+                                              "deserializer's key: move it into a deserializer's block"),
+            std::string::npos)
+      << misplaced.status();
+}
+
 TEST(Config, RefusesDuplicateAliasesAndTwoDefiningStreams) {
   auto dup = ParseConfig("datasets:\n  d:\n    deserializers: [{file: x, input: {a: {dim: 1, format: dense, alias: z}, b: {dim: 1, format: dense, alias: z}}}]\n", "c.yaml", "");
   ASSERT_FALSE(dup.ok());
