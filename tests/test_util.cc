@@ -63,8 +63,9 @@ DatasetConfig CtfDataset(const std::string& file, const std::string& input_yaml,
 namespace {
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenCollecting(const DatasetConfig& config,
-                                                        std::vector<std::string>* messages) {
+                                                        std::vector<std::string>* messages, bool compressed_in_place) {
   DatasetOpenOptions oo;
+  oo.compressed_in_place = compressed_in_place;
   oo.diagnostics_sink = [messages](Severity, const std::string& text) {
     if (messages) messages->push_back(text);
   };
@@ -85,7 +86,7 @@ absl::StatusOr<ResolvedStream> Resolve(const Dataset& ds, const ReadOptions& opt
 absl::Status ForEachBatch(const DatasetConfig& config, const ReadOptions& options,
                           std::vector<std::string>* messages,
                           const std::function<void(const Batch&, const ResolvedStream&)>& each) {
-  auto ds = OpenCollecting(config, messages);
+  auto ds = OpenCollecting(config, messages, options.compressed_in_place);
   if (!ds.ok()) return ds.status();
   auto resolved = Resolve(**ds, options);
   if (!resolved.ok()) return resolved.status();

@@ -45,6 +45,7 @@ struct ReadOptions {
   uint64_t max_batches_per_epoch = UINT64_MAX;
   bool cursors = false;     // print "cursor" on each batch's last line
   StreamRequest request;    // the rest (randomize, seed, rank, world, resume, ...)
+  bool compressed_in_place = false;  // DatasetOpenOptions: Kaldi CM left compressed in chunks
 };
 
 // Opens the dataset and returns the dump (DESIGN.md section 4) of what the loader delivers,

@@ -112,6 +112,10 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
       T* at = out + (p.row * T_len + p.t0) * row_values;
       if (zero_tails && c < T_len) std::memset(at + c * row_values, 0, (T_len - c) * row_values * sizeof(T));
       if (c == 0) continue;
+      if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
+        ps.DecodeDense<T>(p.slot, b, c, at);  // Kaldi CM, CM2, CM3 left compressed
+        continue;
+      }
       if (L.format == StreamFormat::kDense) {
         const std::byte* src = ps.DenseSamples(p.slot, b, sizeof(T));
         const size_t n = c * row_values * sizeof(T);

@@ -37,6 +37,7 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   }
   diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
   budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
+  compressed_in_place_ = options.compressed_in_place;
   bool keyed = false;
   for (const DeserializerConfig& d : config_.deserializers) keyed = keyed || IsKeyed(d.type);
   // Several deserializers (or a keyed one): sequences joined by key.
@@ -346,8 +347,11 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
   // A source whose values all lie ready in its input (Kaldi FM/DM in the dataset's
   // precision) is not decoded: the chunk points at them.
   // where[s]: per sequence of the chunk, its values in source s's input; empty when source s decodes.
-  std::vector<bool> in_place(ns, false);
+  // With compressed_in_place, a source whose matrices are all compressed (Kaldi CM, CM2,
+  // CM3) is not decoded either: the chunk keeps where they lie, for the assembler.
+  std::vector<bool> in_place(ns, false), compressed(ns, false);
   std::vector<std::vector<const std::byte*>> where(ns);
+  std::vector<std::vector<CompressedDense>> matrices(ns);
   for (size_t s = 0; s < ns; ++s) {
     if (keyed_[s]->streams().size() != 1 || keyed_[s]->streams()[0].format != StreamFormat::kDense) continue;
     in_place[s] = true;
@@ -355,6 +359,15 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
       const size_t e = joined_[(ce.first_sequence + j) * ns + s];
       where[s].push_back(keyed_[s]->InPlace(e, config_.precision));
       in_place[s] = where[s].back() != nullptr || keyed_[s]->samples(e, 0) == 0;
+    }
+    if (in_place[s] || !compressed_in_place_) continue;
+    where[s].clear();
+    compressed[s] = true;
+    for (uint64_t j = 0; j < ce.num_sequences && compressed[s]; ++j) {
+      const size_t e = joined_[(ce.first_sequence + j) * ns + s];
+      CompressedDense m;
+      compressed[s] = keyed_[s]->Compressed(e, &m) || keyed_[s]->samples(e, 0) == 0;
+      matrices[s].push_back(m);  // an empty entry's is never read
     }
   }
   // Columns sized once from the sources' sample counts: growing them sequence by sequence
@@ -371,6 +384,10 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
         ps.in_place = std::move(where[s]);
         continue;
       }
+      if (compressed[s]) {
+        ps.compressed = std::move(matrices[s]);
+        continue;
+      }
       // Dense: dim values a sample; sparse and ids: about one entry a sample (labels).
       const uint64_t values = ps.format == StreamFormat::kDense ? samples * ps.dim : samples;
       if (config_.precision == Precision::kFloat) ps.values_f32.reserve(values);
@@ -385,7 +402,7 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseKeyedChunk(uint64_t c
     const uint64_t i = ce.first_sequence + j;
     for (size_t s = 0; s < ns; ++s) {
       const size_t e = joined_[i * ns + s];
-      if (in_place[s]) {
+      if (in_place[s] || compressed[s]) {
         ParsedStream& ps = *targets[stream_base_[s]];
         ps.sequence_begin.push_back(ps.sequence_begin.back() + keyed_[s]->samples(e, 0));
         continue;
@@ -422,7 +439,7 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   // until it is released; any other chunk is done with them now.
   bool points_into_file = false;
   if (parsed.ok() && file_ != nullptr) {
-    for (const ParsedStream& ps : (*parsed)->streams) points_into_file |= !ps.in_place.empty();
+    for (const ParsedStream& ps : (*parsed)->streams) points_into_file |= !ps.in_place.empty() || !ps.compressed.empty();
   }
   if (!points_into_file) DoneWith(chunk_id);
   lock.lock();

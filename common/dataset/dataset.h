@@ -34,6 +34,10 @@ struct DatasetOpenOptions {
   Diagnostics::Sink diagnostics_sink;  // default: stderr
   // Replaces the configured maxErrors (`conveyor inspect` counts every error).
   std::optional<uint64_t> max_errors_override;
+  // Kaldi compressed matrices (CM, CM2, CM3) stay compressed in parsed chunks
+  // (ParsedStream::compressed): the CUDA assembler decodes them on the device, so the parser
+  // threads only locate them. Any assembler reads such chunks (the CPU one decodes).
+  bool compressed_in_place = false;
 };
 
 // How the index was obtained, for `conveyor index` / `inspect` to report.
@@ -84,6 +88,9 @@ class Dataset {
   // Parses chunk `chunk_id`. Thread-safe. Errors: DataLoss once maxErrors is exceeded.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;
 
+  // Whether Kaldi compressed matrices stay compressed in its chunks (DatasetOpenOptions).
+  bool compressed_in_place() const { return compressed_in_place_; }
+
   // The parsed chunk, shared by every reader of this dataset: a chunk some reader still
   // holds is not parsed again, and concurrent requests for one chunk parse it once (readers
   // of different ranks, or several subscriptions to one stream, share the work). Nothing is
@@ -119,6 +126,7 @@ class Dataset {
   std::vector<uint32_t> joined_;
   std::vector<size_t> stream_base_;
   std::vector<SourceStats> source_stats_;
+  bool compressed_in_place_ = false;
   uint64_t dropped_mismatched_ = 0, dropped_empty_ = 0;
   Index index_;
   IndexSource index_source_ = IndexSource::kBuilt;

@@ -27,7 +27,7 @@ void AppendSequence(const ParsedStream& from, uint32_t slot, ParsedStream* to) {
       std::vector<T>& v = to->values<T>();
       const size_t at = v.size();
       v.resize(at + n * from.dim);
-      std::memcpy(v.data() + at, from.DenseSamples(slot, b, sizeof(T)), n * from.dim * sizeof(T));
+      from.DecodeDense<T>(slot, b, n, v.data() + at);
     }
   } else if (from.format == StreamFormat::kIds) {  // one id a sample
     to->indices.insert(to->indices.end(), from.indices.begin() + b, from.indices.begin() + b + n);

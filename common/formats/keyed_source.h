@@ -34,6 +34,9 @@ class KeyedSource {
   // in `precision`, row-major and contiguous, so that they can be used without decoding
   // (ParsedStream::in_place); null when they must be decoded.
   virtual const std::byte* InPlace(size_t, Precision) const { return nullptr; }
+  // Entry `i`'s dense values as a compressed matrix the assembler can decode (Kaldi CM, CM2,
+  // CM3); false when it is stored otherwise.
+  virtual bool Compressed(size_t, CompressedDense*) const { return false; }
   // Bytes a parsed sequence holds per input byte, when far above 1 (an HTK context window
   // repeats every frame window-fold): chunks are cut smaller by as much, so that a chunk's
   // parsed size, not its input, stays near chunkSizeInBytes.

@@ -104,8 +104,14 @@ absl::StatusOr<CbfWriteStats> Write(const Dataset& dataset, const std::string& p
         Put<uint32_t>(&r, n);
         const T* v = ps.values<T>().data();
         if (ps.format == StreamFormat::kDense) {
-          r.append(reinterpret_cast<const char*>(ps.DenseSamples(static_cast<uint32_t>(slot), b, sizeof(T))),
-                   (e - b) * ps.dim * sizeof(T));
+          if (ps.compressed.empty()) {
+            r.append(reinterpret_cast<const char*>(ps.DenseSamples(static_cast<uint32_t>(slot), b, sizeof(T))),
+                     (e - b) * ps.dim * sizeof(T));
+          } else {  // a Kaldi compressed matrix, decoded
+            std::vector<T> decoded((e - b) * ps.dim);
+            if (e > b) ps.DecodeDense<T>(static_cast<uint32_t>(slot), b, e - b, decoded.data());
+            r.append(reinterpret_cast<const char*>(decoded.data()), decoded.size() * sizeof(T));
+          }
           continue;
         }
         const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[e];

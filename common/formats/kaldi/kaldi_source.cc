@@ -8,6 +8,7 @@ namespace {
 
 using kaldi::KaldiTable;
 using kaldi::ObjectKind;
+using kaldi::ObjectType;
 using kaldi::TableEntry;
 
 class KaldiSource final : public KeyedSource {
@@ -101,6 +102,19 @@ class KaldiSource final : public KeyedSource {
     const TableEntry& e = entry(i);
     return reinterpret_cast<const std::byte*>(
         ContiguousValues(table_->bytes(e.source), e.offset, e.info, e.window, precision == Precision::kDouble));
+  }
+
+  bool Compressed(size_t i, CompressedDense* out) const override {
+    if (kind_ != KaldiKind::kMatrix) return false;
+    const TableEntry& e = entry(i);
+    const ObjectType t = e.info.type;
+    if (t != ObjectType::kCompressed1 && t != ObjectType::kCompressed2 && t != ObjectType::kCompressed3) return false;
+    if (e.window.cols != static_cast<int64_t>(streams_[0].dim)) return false;
+    out->object = table_->bytes(e.source).data() + e.offset;
+    out->info = e.info;
+    out->row0 = e.window.row0;
+    out->col0 = e.window.col0;
+    return true;
   }
 
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
