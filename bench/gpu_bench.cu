@@ -303,6 +303,47 @@ int main(int argc, char** argv) {
             std::to_string(Median(two)) + ", \"host_wait_share\": " + std::to_string(Median(wait)) + "}, ";
     }
   }
+  // Kaldi CM in the data path: the whole loader over testdata's CM archives (utterances,
+  // randomized, re-parsed every epoch). CPU: parser threads decode, the CPU assembler copies.
+  // CUDA: chunks keep the matrices compressed and the device decodes the rows batches take.
+  const char* testdata = std::getenv("CONVEYOR_TESTDATA");
+  const std::string kaldi_dir = std::string(testdata != nullptr ? testdata : CONVEYOR_TESTDATA_DIR) + "/kaldi";
+  if (FILE* probe = std::fopen((kaldi_dir + "/cm_auto.ark").c_str(), "r")) {
+    std::fclose(probe);
+    std::printf("Kaldi compressed archives through the loader (MB/s of archive, 100 epochs, 2 parser threads):\n");
+    std::printf("%-16s %14s %16s %8s\n", "archive", "cpu decode", "device decode", "ratio");
+    auto cuda = gpu::CudaAssembler::Create({});
+    if (!cuda.ok()) return 1;
+    auto cpu = MakeCpuAssembler();
+    const uint64_t slot_bytes = uint64_t{64} << 20;
+    auto pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, slot_bytes, 4);
+    if (!pool.ok()) return 1;
+    std::vector<std::byte*> slots;
+    for (int i = 0; i < 4; ++i) slots.push_back((*pool)->Acquire(absl::ZeroDuration())->data);
+    for (const char* name : {"cm_auto", "cm_2byte_auto", "cm_1byte_auto"}) {
+      auto config = ParseConfig(std::string("datasets:\n  d:\n    deserializers:\n      - type: KaldiTable\n"
+                                            "        rspecifier: \"ark:") + kaldi_dir + "/" + name + ".ark\"\n"
+                                            "        input: {features: {}}\n",
+                                "gpu_bench", "/");
+      if (!config.ok()) return 1;
+      DatasetOpenOptions plain_open, kept_open;
+      kept_open.compressed_in_place = true;
+      auto plain = Dataset::Open(config->datasets[0], plain_open);
+      auto kept = Dataset::Open(config->datasets[0], kept_open);
+      if (!plain.ok() || !kept.ok()) return 1;
+      const double mb = (*plain)->file_bytes() * 100 / 1e6;
+      std::vector<double> c, d;
+      for (int rep = 0; rep < 3; ++rep) {
+        const LoaderRun a = RunLoader(**plain, cpu.get(), 0, 2000, 100, slots, slot_bytes);
+        const LoaderRun b = RunLoader(**kept, cuda->get(), 2, 2000, 100, slots, slot_bytes);
+        c.push_back(mb * a.batches_per_s / std::max<uint64_t>(a.batches, 1));
+        d.push_back(mb * b.batches_per_s / std::max<uint64_t>(b.batches, 1));
+      }
+      std::printf("%-16s %14.0f %16.0f %8.2f\n", name, Median(c), Median(d), Median(d) / Median(c));
+      js += "\"kaldi_" + std::string(name) + "\": {\"cpu_mb_s\": " + std::to_string(Median(c)) +
+            ", \"device_mb_s\": " + std::to_string(Median(d)) + "}, ";
+    }
+  }
   js += "\"d2d_gb_s\": " + std::to_string(d2d) + ", \"h2d_gb_s\": " + std::to_string(h2d) + ", \"cm_device_mb_s\": " +
         std::to_string(dev) + ", \"cm_cpu_mb_s\": " + std::to_string(cpu) + "}";
   if (json) std::printf("%s\n", js.c_str());

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/kaldi/kaldi_cm_math.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -81,6 +82,40 @@ void Transpose(const TransposeOp& op, uint64_t value_bytes, const std::byte* scr
     }
   }
 }
+
+// One decoded value of a decode op, as the kernel computes it (element (r, c)).
+inline float DecodedValue(const DecodeOp& op, const std::byte* staging, uint64_t r, uint64_t c) {
+  const std::byte* src = staging + op.src;
+  if (op.type == 1) {
+    const std::byte* h = src + 8 * c;
+    uint16_t q[4];
+    std::memcpy(q, h, 8);
+    const float p0 = kaldi::CmPercentile(op.min_value, op.range, q[0]);
+    const float p25 = kaldi::CmPercentile(op.min_value, op.range, q[1]);
+    const float p75 = kaldi::CmPercentile(op.min_value, op.range, q[2]);
+    const float p100 = kaldi::CmPercentile(op.min_value, op.range, q[3]);
+    const auto v = static_cast<uint8_t>(src[8 * op.cols + c * op.rows + r]);
+    return kaldi::CmByte(p0, p25, p75, p100, v);
+  }
+  if (op.type == 2) {
+    uint16_t v;
+    std::memcpy(&v, src + 2 * (r * op.cols + c), 2);
+    return kaldi::CmLinear(op.min_value, kaldi::Cm2Increment(op.range), v);
+  }
+  return kaldi::CmLinear(op.min_value, kaldi::Cm3Increment(op.range), static_cast<uint8_t>(src[r * op.cols + c]));
+}
+
+template <typename T>
+void Decode(const DecodeOp& op, const std::byte* staging, std::byte* slot) {
+  T* out = reinterpret_cast<T*>(slot + op.dst);
+  for (uint64_t r = 0; r < op.rows; ++r) {
+    for (uint64_t c = 0; c < op.cols; ++c) out[r * op.cols + c] = static_cast<T>(DecodedValue(op, staging, r, c));
+  }
+}
+
+// Header bytes before a compressed matrix's data: marker "\0B", token "CM " or "CM2 "/"CM3 ",
+// the 16-byte global header.
+constexpr uint64_t kCm1Data = 2 + 3 + 16, kCm23Data = 2 + 4 + 16;
 
 }  // namespace
 
@@ -182,6 +217,39 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
     cursor += bytes;
     return at;
   };
+  auto pack_next = [&](const void* src, uint64_t bytes) {  // right after the previous pack
+    if (!prog.packs.empty() && static_cast<const char*>(prog.packs.back().src) + prog.packs.back().bytes == src &&
+        prog.packs.back().dst + prog.packs.back().bytes == cursor) {
+      prog.packs.back().bytes += bytes;  // contiguous in the source too: one pack
+    } else if (bytes > 0) {
+      prog.packs.push_back({src, cursor, bytes});
+    }
+    cursor += bytes;
+  };
+  // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads.
+  auto pack_compressed = [&](const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    DecodeOp op;
+    op.dst = dst;
+    op.rows = static_cast<uint32_t>(n);
+    op.cols = static_cast<uint32_t>(cols);
+    op.min_value = m.info.min_value;
+    op.range = m.info.range;
+    const uint64_t R = static_cast<uint64_t>(m.info.rows), C = static_cast<uint64_t>(m.info.cols);
+    const uint64_t row = static_cast<uint64_t>(m.row0) + r0, col0 = static_cast<uint64_t>(m.col0);
+    if (m.info.type == kaldi::ObjectType::kCompressed1) {
+      op.type = 1;
+      op.src = pack(m.object + kCm1Data + 8 * col0, 8 * cols);  // the columns' headers
+      const char* data = m.object + kCm1Data + 8 * C;
+      for (uint64_t c = col0; c < col0 + cols; ++c) pack_next(data + c * R + row, n);
+    } else {
+      const uint64_t width = m.info.type == kaldi::ObjectType::kCompressed2 ? 2 : 1;
+      op.type = width == 2 ? 2 : 3;
+      const char* data = m.object + kCm23Data;
+      op.src = pack(data + width * (row * C + col0), 0);
+      for (uint64_t r = row; r < row + n; ++r) pack_next(data + width * (r * C + col0), width * cols);
+    }
+    prog.decodes.push_back(op);
+  };
   for (size_t s = 0; s < plan.streams.size(); ++s) {
     const StreamLayout& L = plan.streams[s];
     const uint64_t T = L.sequence_axis ? L.max_length : 1;
@@ -194,6 +262,8 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       const uint64_t col = p.row * T + p.t0;
       if (L.ids()) {
         AddCopy(&prog.copies, pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
+      } else if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
+        pack_compressed(ps.compressed[p.slot], b - ps.sequence_begin[p.slot], c, L.dim, L.values.offset + col * L.dim * vb);
       } else if (L.format == StreamFormat::kDense) {
         const uint64_t bytes = uint64_t{c} * L.dim * vb;
         AddCopy(&prog.copies, pack(ps.DenseSamples(p.slot, b, vb), bytes), L.values.offset + col * L.dim * vb, bytes);
@@ -234,7 +304,8 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
   prog.copies_at = prog.payload_bytes;
   prog.csc_pieces_at = Align(prog.copies_at + prog.copies.size() * sizeof(CopyItem), 16);
   prog.scatters_at = Align(prog.csc_pieces_at + prog.csc_pieces.size() * sizeof(CscPieceOp), 16);
-  prog.staging_bytes = Align(prog.scatters_at + prog.scatters.size() * sizeof(ScatterOp), 16);
+  prog.decodes_at = Align(prog.scatters_at + prog.scatters.size() * sizeof(ScatterOp), 16);
+  prog.staging_bytes = Align(prog.decodes_at + prog.decodes.size() * sizeof(DecodeOp), 16);
   return prog;
 }
 
@@ -246,6 +317,7 @@ void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
     std::memcpy(staging + prog.csc_pieces_at, prog.csc_pieces.data(), prog.csc_pieces.size() * sizeof(CscPieceOp));
   }
   if (!prog.scatters.empty()) std::memcpy(staging + prog.scatters_at, prog.scatters.data(), prog.scatters.size() * sizeof(ScatterOp));
+  if (!prog.decodes.empty()) std::memcpy(staging + prog.decodes_at, prog.decodes.data(), prog.decodes.size() * sizeof(DecodeOp));
 }
 
 void RunProgramOnHost(const AssemblyProgram& prog, const std::byte* staging, std::byte* scratch, std::byte* slot) {
@@ -278,6 +350,11 @@ void RunProgramOnHost(const AssemblyProgram& prog, const std::byte* staging, std
     else Scatter<double>(scatters[i], staging, slot);
   }
   for (const TransposeOp& tr : prog.transposes) Transpose(tr, prog.value_bytes, scratch, slot);
+  const auto* decodes = reinterpret_cast<const DecodeOp*>(staging + prog.decodes_at);
+  for (size_t i = 0; i < prog.decodes.size(); ++i) {
+    if (prog.value_bytes == 4) Decode<float>(decodes[i], staging, slot);
+    else Decode<double>(decodes[i], staging, slot);
+  }
 }
 
 namespace {

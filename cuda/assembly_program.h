@@ -9,7 +9,8 @@
 //   3. per CSC stream an exclusive scan of the per-column nnz gives colptr;
 //   4. CSC piece ops copy each piece's row indices and values to colptr[first column];
 //   5. dense-scatter ops sum a sparse sample's entries into its dense column, in file order;
-//   6. CSR streams are transposed from a CSC built in scratch memory (cuSPARSE on the device).
+//   6. CSR streams are transposed from a CSC built in scratch memory (cuSPARSE on the device);
+//   7. decode ops expand Kaldi compressed matrices' rows into dense values.
 // RunProgramOnHost() executes the same steps on the CPU: it is the executable specification
 // of the kernels, tested here against the CPU assembler byte for byte, and it is what the
 // GPU results are compared with where a device exists. Pure C++: builds without CUDA.
@@ -64,6 +65,18 @@ struct TransposeOp {
   uint64_t rowptr = 0, colind = 0, values = 0;              // slot offsets
 };
 
+// A dense piece left compressed (Kaldi CM, CM2, CM3; ParsedStream::compressed): `rows` x
+// `cols` values decoded into the slot at `dst`, row-major. Staged at `src`: CM2 and CM3 the
+// rows' stored values, row-major (2 or 1 bytes each); CM the window's column headers (8
+// bytes each), then its bytes column by column (`rows` a column). Decoded with Kaldi's
+// arithmetic (kaldi_cm_math.h), so the values are the CPU decoder's bit for bit.
+struct DecodeOp {
+  uint64_t src = 0, dst = 0;
+  uint32_t type = 0;  // 1: CM, 2: CM2, 3: CM3
+  uint32_t rows = 0, cols = 0;
+  float min_value = 0, range = 0;
+};
+
 // Bytes of the parsed chunks that go into the staging buffer.
 struct HostPack {
   const void* src = nullptr;
@@ -84,8 +97,9 @@ struct AssemblyProgram {
   std::vector<CscPieceOp> csc_pieces;
   std::vector<ScatterOp> scatters;
   std::vector<TransposeOp> transposes;
+  std::vector<DecodeOp> decodes;
   // Staging offsets of the descriptor arrays (after the payload), for the kernels.
-  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0;
+  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0;
 };
 
 // Builds the program for `plan` (made from `pieces`). Errors: InvalidArgument (pieces do not

@@ -12,6 +12,7 @@
 #include "cuda/cuda_assembler.h"
 #include "cuda/cuda_buffer.h"
 #include "cuda/cuda_check.h"
+#include "cuda/kaldi_cm_kernels.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -192,6 +193,10 @@ struct CudaAssembler::Impl {
       ScatterKernel<T><<<Blocks((prog.scatters.size() + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
           reinterpret_cast<const ScatterOp*>(staging + prog.scatters_at), prog.scatters.size(), staging, slot);
       CONVEYOR_CUDA_CHECK_LAUNCH("ScatterKernel");
+    }
+    if (!prog.decodes.empty()) {  // Kaldi compressed matrices left compressed in the chunks
+      CONVEYOR_CUDA_RETURN_IF_ERROR(LaunchDecodeOps(reinterpret_cast<const DecodeOp*>(staging + prog.decodes_at),
+                                                    prog.decodes.size(), staging, slot, sizeof(T) == 8, stream));
     }
     const cudaDataType value_type = sizeof(T) == 4 ? CUDA_R_32F : CUDA_R_64F;
     for (const TransposeOp& tr : prog.transposes) {

@@ -10,6 +10,7 @@
 #include "common/formats/kaldi/kaldi_cm_math.h"
 #include "cuda/cuda_buffer.h"
 #include "cuda/cuda_check.h"
+#include "cuda/kaldi_cm_kernels.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -161,6 +162,50 @@ absl::Status DeviceCmDecoder::DecodeToHost(absl::Span<const CompressedJob> jobs,
   if (absl::Status st = Decode(jobs, device_out); !st.ok()) return st;
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemcpy(host_out, device_out, out_floats * sizeof(float), cudaMemcpyDeviceToHost));
   return absl::OkStatus();
+}
+
+namespace {
+
+// The assembler's decode ops: one block per op, one thread per value (row-major); CM values
+// recompute their column's percentiles (cheap next to the memory traffic).
+template <typename T>
+__global__ void DecodeOpsKernel(const DecodeOp* ops, uint64_t n, const uint8_t* staging, std::byte* slot) {
+  for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const DecodeOp op = ops[i];
+    const uint8_t* src = staging + op.src;
+    T* out = reinterpret_cast<T*>(slot + op.dst);
+    const uint64_t count = uint64_t{op.rows} * op.cols;
+    const float inc = op.type == 2 ? kaldi::Cm2Increment(op.range) : kaldi::Cm3Increment(op.range);
+    for (uint64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const uint64_t r = k / op.cols, c = k % op.cols;
+      float v;
+      if (op.type == 1) {
+        const uint8_t* h = src + 8 * c;
+        const float p0 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h));
+        const float p25 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 2));
+        const float p75 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 4));
+        const float p100 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 6));
+        v = kaldi::CmByte(p0, p25, p75, p100, src[8 * uint64_t{op.cols} + c * op.rows + r]);
+      } else if (op.type == 2) {
+        v = kaldi::CmLinear(op.min_value, inc, LoadU16(src + 2 * k));
+      } else {
+        v = kaldi::CmLinear(op.min_value, inc, src[k]);
+      }
+      out[k] = static_cast<T>(v);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchDecodeOps(const DecodeOp* ops, uint64_t n, const std::byte* staging, std::byte* slot, bool double_values,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>(n, 65535));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(staging);
+  if (double_values) DecodeOpsKernel<double><<<blocks, kThreads, 0, stream>>>(ops, n, bytes, slot);
+  else DecodeOpsKernel<float><<<blocks, kThreads, 0, stream>>>(ops, n, bytes, slot);
+  return cudaGetLastError();
 }
 
 }  // namespace conveyor::gpu

@@ -5,11 +5,13 @@
 
 namespace conveyor {
 
-absl::StatusOr<std::unique_ptr<DatasetRegistry>> DatasetRegistry::Open(const Config& config, int index_threads) {
+absl::StatusOr<std::unique_ptr<DatasetRegistry>> DatasetRegistry::Open(const Config& config, int index_threads,
+                                                                       bool compressed_in_place) {
   auto r = std::unique_ptr<DatasetRegistry>(new DatasetRegistry());
   for (const DatasetConfig& dc : config.datasets) {
     DatasetOpenOptions o;
     o.index_threads = index_threads;
+    o.compressed_in_place = compressed_in_place;
     auto ds = Dataset::Open(dc, o);
     if (!ds.ok()) {
       return absl::Status(ds.status().code(), absl::StrCat("dataset '", dc.name, "': ", ds.status().message()));

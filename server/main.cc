@@ -110,7 +110,18 @@ int main(int argc, char** argv) {
   if (parser_threads_per_stream > 0) options.parser_threads_per_stream = parser_threads_per_stream;
   if (max_subscriptions == 0) max_subscriptions = config->server.max_subscriptions;
   if (max_subscriptions > 0) options.max_subscriptions = max_subscriptions;
-  auto registry = conveyor::DatasetRegistry::Open(*config, index_threads);
+  // Decided once: without a usable device every subscription gets the CPU assembler, and the
+  // startup line says why. With the CUDA assembler, Kaldi compressed matrices are decoded on
+  // the device: the parser threads leave them compressed.
+  std::string note;
+  if (assembler.empty()) assembler = config->server.assembler.empty() ? "cpu" : config->server.assembler;
+  if (device < 0) device = config->server.cuda_device;
+  if (device >= 0) options.cuda_device = device;
+  options.cuda_assembler = assembler == "cuda";
+  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &note);
+  if (note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
+  if (options.cuda_assembler) note += "; Kaldi compressed matrices decoded on the device";
+  auto registry = conveyor::DatasetRegistry::Open(*config, index_threads, options.cuda_assembler);
   if (!registry.ok()) {
     std::fprintf(stderr, "conveyord: %s\n", std::string(registry.status().message()).c_str());
     return 1;
@@ -172,15 +183,6 @@ int main(int argc, char** argv) {
     }
     if (tls_cert.empty()) std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
   }
-  // Decided once: without a usable device every subscription gets the CPU assembler, and the
-  // startup line says why.
-  std::string note;
-  if (assembler.empty()) assembler = config->server.assembler.empty() ? "cpu" : config->server.assembler;
-  if (device < 0) device = config->server.cuda_device;
-  if (device >= 0) options.cuda_device = device;
-  options.cuda_assembler = assembler == "cuda";
-  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &note);
-  if (note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -37,7 +37,8 @@ absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::str
   return *d;
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads) {
+absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads,
+                                                          bool compressed_in_place) {
   std::string label = "indexing";
   if (!config.deserializers.empty()) {
     const std::string& f = config.deserializers[0].file;
@@ -46,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& c
   ProgressBar bar(label);
   DatasetOpenOptions options;
   options.index_threads = threads;
+  options.compressed_in_place = compressed_in_place;
   options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
   auto ds = Dataset::Open(config, options);
   bar.Finish();
@@ -145,19 +147,17 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   auto request = args.ToRequest();
   if (!request.ok()) return request.status();
   s.request = *request;
-  auto ds = OpenWithProgress(*dc, request->threads);
+  // With the CUDA assembler, Kaldi compressed matrices are decoded on the device.
+  std::string note;
+  s.assembler = args.assembler == "cuda" ? SelectAssembler(true, args.device, &note) : MakeCpuAssembler();
+  const bool on_device = std::string(s.assembler->name()) == "cuda";
+  if (!note.empty()) std::fprintf(stderr, "conveyor: %s\n", note.c_str());
+  auto ds = OpenWithProgress(*dc, request->threads, on_device);
   if (!ds.ok()) return ds.status();
   s.dataset = std::move(*ds);
   auto resolved = ResolveStream(*s.dataset, s.request);
   if (!resolved.ok()) return resolved.status();
   s.resolved = std::move(*resolved);
-  if (args.assembler == "cuda") {
-    std::string note;
-    s.assembler = SelectAssembler(true, args.device, &note);
-    std::fprintf(stderr, "conveyor: %s\n", note.c_str());
-  } else {
-    s.assembler = MakeCpuAssembler();
-  }
   auto loader = Loader::Create(s.dataset.get(), s.assembler.get(), s.resolved.loader);
   if (!loader.ok()) return loader.status();
   s.loader = std::move(*loader);

@@ -29,7 +29,9 @@ absl::StatusOr<Config> LoadConfig(const std::string& path);
 absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::string& name);
 
 // Opens a dataset, drawing a progress bar for the index pass.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads);
+// `compressed_in_place`: Kaldi compressed matrices stay compressed for the CUDA assembler.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads,
+                                                          bool compressed_in_place = false);
 
 // Parses "on"/"off" (also true/false, yes/no, 1/0).
 absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value);

@@ -194,42 +194,23 @@ TEST(CudaAssemblerGpu, FencedBatchesNoLongerReadTheChunksOnceBegun) {
 }
 
 // The whole loader with `assembler`, two batches in flight into slots of `kind` (as the
-// daemon runs a CUDA IPC stream): every batch equals the CPU loader's, over a randomized
-// sparse + dense CTF file of many small chunks.
-void ExpectPipelinedLoaderMatchesTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
-  const std::string path = ::testing::TempDir() + "/conveyor_gpu_loader.ctf";
-  {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    for (int i = 0; i < 3000; ++i) {
-      const int len = 1 + i % 5;
-      for (int t = 0; t < len; ++t) {
-        std::fprintf(f, "%d |x %d:%d.5 %d:1 |y %d %d\n", i, (i * 7 + t) % 1000, t, (i + 3 * t) % 1000, i % 3, t);
-      }
-    }
-    std::fclose(f);
-  }
-  auto config = ParseConfig(
-      "datasets:\n  d:\n    deserializers:\n      - type: CNTKTextFormat\n        chunkSizeInBytes: 4000\n        file: " +
-          path + "\n        input:\n          x: {dim: 1000, format: sparse}\n          y: {dim: 2, format: dense}\n",
-      "test", "/");
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto ds = Dataset::Open(config->datasets[0]);
+// daemon runs a CUDA IPC stream), over `config` opened with `open` (e.g. Kaldi CM left
+// compressed): every batch equals the CPU loader's over the dataset opened plainly.
+void ExpectPipelinedLoaderMatchesTheCpuLoader(const DatasetConfig& config, const DatasetOpenOptions& open,
+                                              const LoaderOptions& lo, BatchAssembler* assembler, MemoryKind kind) {
+  auto plain = Dataset::Open(config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto ds = Dataset::Open(config, open);
   ASSERT_TRUE(ds.ok()) << ds.status();
-  LoaderOptions lo;
-  lo.planner.minibatch_size = 64;
-  lo.planner.randomizer.randomize = true;
-  lo.planner.randomizer.window = 3;
-  lo.threads = 2;
   auto cpu = MakeCpuAssembler();
   std::vector<std::vector<std::byte>> want;
   {
-    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    auto loader = Loader::Create(plain->get(), cpu.get(), lo);
     ASSERT_TRUE(loader.ok());
     Batch b;
     while (*(*loader)->Next(&b)) want.emplace_back(b.bytes.begin(), b.bytes.end());
   }
-  ASSERT_GT(want.size(), 50u);
+  ASSERT_FALSE(want.empty());
   uint64_t largest = 0;
   for (const auto& w : want) largest = std::max<uint64_t>(largest, w.size());
   auto pool = SlotPool::Create(kind, largest, 3);
@@ -266,19 +247,107 @@ void ExpectPipelinedLoaderMatchesTheCpuLoader(BatchAssembler* assembler, MemoryK
     used.pop_front();
   }
   EXPECT_EQ(n, want.size());
-  std::remove(path.c_str());
+}
+
+// A randomized sparse + dense CTF file of many small chunks.
+DatasetConfig CtfConfig() {
+  const std::string path = ::testing::TempDir() + "/conveyor_gpu_loader.ctf";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  for (int i = 0; f != nullptr && i < 3000; ++i) {
+    const int len = 1 + i % 5;
+    for (int t = 0; t < len; ++t) {
+      std::fprintf(f, "%d |x %d:%d.5 %d:1 |y %d %d\n", i, (i * 7 + t) % 1000, t, (i + 3 * t) % 1000, i % 3, t);
+    }
+  }
+  if (f != nullptr) std::fclose(f);
+  auto config = ParseConfig(
+      "datasets:\n  d:\n    deserializers:\n      - type: CNTKTextFormat\n        chunkSizeInBytes: 4000\n        file: " +
+          path + "\n        input:\n          x: {dim: 1000, format: sparse}\n          y: {dim: 2, format: dense}\n",
+      "test", "/");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? config->datasets[0] : DatasetConfig();
+}
+
+LoaderOptions Randomized(uint64_t minibatch, bool frames) {
+  LoaderOptions lo;
+  lo.planner.minibatch_size = minibatch;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 3;
+  lo.planner.randomizer.frame_mode = frames;
+  lo.threads = 2;
+  return lo;
+}
+
+// Kaldi features as CM (1 byte, column headers), CM2 and CM3, joined with alignments, with
+// an scp row/column range, left compressed in the chunks for the assembler to decode.
+std::vector<DatasetConfig> CompressedKaldiConfigs() {
+  std::vector<DatasetConfig> out;
+  const std::string kaldi = conveyor::testing::TestdataDir() + "/kaldi";
+  const std::string ranges = ::testing::TempDir() + "/conveyor_gpu_cm_ranges.scp";
+  if (std::FILE* f = std::fopen(ranges.c_str(), "w")) {
+    std::fprintf(f, "r1 %s/cm_auto.ark:14[2:10,3:12]\nr2 %s/cm_auto.ark:1169[0:30,3:12]\n", kaldi.c_str(), kaldi.c_str());
+    std::fclose(f);
+  }
+  for (const std::string& rspecifier : {"scp:" + kaldi + "/cm_auto.scp", "scp:" + kaldi + "/cm_2byte_auto.scp",
+                                        "scp:" + kaldi + "/cm_1byte_auto.scp", "scp:" + kaldi + "/cm_speech.scp",
+                                        "scp:" + ranges}) {
+    for (const char* precision : {"float", "double"}) {
+      auto config = ParseConfig(std::string("datasets:\n  d:\n    maxErrors: 1000\n    precision: ") + precision +
+                                    "\n    deserializers:\n      - type: KaldiTable\n        chunkSizeInBytes: 3000\n"
+                                    "        rspecifier: \"" + rspecifier + "\"\n        input: {features: {}}\n",
+                                "test", "/");
+      EXPECT_TRUE(config.ok()) << config.status();
+      if (config.ok()) out.push_back(config->datasets[0]);
+    }
+  }
+  return out;
 }
 
 TEST(HostProgramAssembler, PipelinedLoaderMatchesTheCpuLoader) {
   auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
-  ExpectPipelinedLoaderMatchesTheCpuLoader(host.get(), MemoryKind::kHost);
+  ExpectPipelinedLoaderMatchesTheCpuLoader(CtfConfig(), {}, Randomized(64, false), host.get(), MemoryKind::kHost);
+}
+
+// The program's decode ops (what the kernel does, run on the host) against the CPU decoder.
+TEST(HostProgramAssembler, CompressedKaldiMatricesDecodeAsTheCpuDecoder) {
+  auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
+  DatasetOpenOptions open;
+  open.compressed_in_place = true;
+  open.diagnostics_sink = [](Severity, const std::string&) {};
+  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
+    for (bool frames : {false, true}) {
+      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
+                   (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, Randomized(frames ? 64 : 100, frames), host.get(),
+                                               MemoryKind::kHost);
+    }
+  }
 }
 
 TEST(CudaAssemblerGpu, PipelinedLoaderMatchesTheCpuLoader) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
   auto cuda = CudaAssembler::Create({});
   ASSERT_TRUE(cuda.ok()) << cuda.status();
-  ExpectPipelinedLoaderMatchesTheCpuLoader(cuda->get(), MemoryKind::kDevice);
+  ExpectPipelinedLoaderMatchesTheCpuLoader(CtfConfig(), {}, Randomized(64, false), cuda->get(), MemoryKind::kDevice);
+}
+
+// Kaldi compressed matrices decoded on the device, in the data path: bit for bit the CPU
+// decoder's values (no FMA contraction in the decode kernel).
+TEST(CudaAssemblerGpu, CompressedKaldiMatricesDecodeOnTheDeviceAsOnTheCpu) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  auto cuda = CudaAssembler::Create({});
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  DatasetOpenOptions open;
+  open.compressed_in_place = true;
+  open.diagnostics_sink = [](Severity, const std::string&) {};
+  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
+    for (bool frames : {false, true}) {
+      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
+                   (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, Randomized(frames ? 64 : 100, frames), cuda->get(),
+                                               MemoryKind::kDevice);
+    }
+  }
 }
 
 }  // namespace
