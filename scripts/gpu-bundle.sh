@@ -18,7 +18,7 @@ cp build/tests/conveyor_gpu_tests build/bench/gpu_bench "$out/"
 for bin in "$out/conveyor_gpu_tests" "$out/gpu_bench"; do
   ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libabsl|libyaml|libgtest|libgmock|libfmt' | xargs -r -I{} cp -L {} "$out/lib/"
 done
-cp ../shared/testdata/kaldi/cm*.ark "$out/testdata/kaldi/"
+cp ../shared/testdata/kaldi/cm*.ark ../shared/testdata/kaldi/cm*.scp "$out/testdata/kaldi/"
 mkdir -p "$out/examples" && cp examples/*.yaml examples/*.ctf "$out/examples/"
 # The daemon and the CLI with every Debian library they load (gRPC, protobuf, OpenSSL,
 # libstdc++...; not libc, not CUDA's), for the CUDA IPC transport end to end on the device.
