@@ -260,6 +260,15 @@ int main(int argc, char** argv) {
   const double dev = bytes / Median(dev_t) / 1e6, cpu = bytes / Median(cpu_t) / 1e6;
   std::printf("Kaldi CM decode: device %.0f MB/s of archive (H2D included), CPU one core %.0f MB/s, ratio %.1f\n", dev, cpu,
               dev / cpu);
+  // The loader sections: one CUDA assembler, one CPU assembler, four 64 MiB device slots.
+  auto cuda_assembler = gpu::CudaAssembler::Create({});
+  if (!cuda_assembler.ok()) return 1;
+  auto cpu_assembler = MakeCpuAssembler();
+  const uint64_t slot_bytes = uint64_t{64} << 20;
+  auto loader_pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, slot_bytes, 4);
+  if (!loader_pool.ok()) return 1;
+  std::vector<std::byte*> slots;
+  for (int i = 0; i < 4; ++i) slots.push_back((*loader_pool)->Acquire(absl::ZeroDuration())->data);
   if (!examples.empty()) {
     auto config = LoadConfigFile(examples);
     if (!config.ok()) {
@@ -269,14 +278,6 @@ int main(int argc, char** argv) {
     std::printf("example datasets through the loader (randomized, minibatch 256, parsed once):\n");
     std::printf("%-12s %9s %14s %14s %16s %12s\n", "dataset", "batch KB", "cpu batches/s", "cuda 1 at once",
                 "cuda pipelined", "host waits");
-    auto cuda = gpu::CudaAssembler::Create({});
-    if (!cuda.ok()) return 1;
-    auto cpu = MakeCpuAssembler();
-    const uint64_t slot_bytes = uint64_t{64} << 20;
-    auto pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, slot_bytes, 4);
-    if (!pool.ok()) return 1;
-    std::vector<std::byte*> slots;
-    for (int i = 0; i < 4; ++i) slots.push_back((*pool)->Acquire(absl::ZeroDuration())->data);
     for (DatasetConfig dc : config->datasets) {
       dc.keep_data_in_memory = true;
       auto ds = Dataset::Open(dc);
@@ -285,13 +286,13 @@ int main(int argc, char** argv) {
         continue;
       }
       const uint64_t epochs = 20;
-      (void)RunLoader(**ds, cpu.get(), 0, 256, 1, slots, slot_bytes);  // parses, warms up
+      (void)RunLoader(**ds, cpu_assembler.get(), 0, 256, 1, slots, slot_bytes);  // parses, warms up
       std::vector<double> c, one, two, wait;
       LoaderRun last;
       for (int rep = 0; rep < 3; ++rep) {
-        c.push_back(RunLoader(**ds, cpu.get(), 0, 256, epochs, slots, slot_bytes).batches_per_s);
-        one.push_back(RunLoader(**ds, cuda->get(), 1, 256, epochs, slots, slot_bytes).batches_per_s);
-        last = RunLoader(**ds, cuda->get(), 2, 256, epochs, slots, slot_bytes);
+        c.push_back(RunLoader(**ds, cpu_assembler.get(), 0, 256, epochs, slots, slot_bytes).batches_per_s);
+        one.push_back(RunLoader(**ds, cuda_assembler->get(), 1, 256, epochs, slots, slot_bytes).batches_per_s);
+        last = RunLoader(**ds, cuda_assembler->get(), 2, 256, epochs, slots, slot_bytes);
         two.push_back(last.batches_per_s);
         wait.push_back(last.wait_share);
       }
@@ -312,14 +313,6 @@ int main(int argc, char** argv) {
     std::fclose(probe);
     std::printf("Kaldi compressed archives through the loader (MB/s of archive, 100 epochs, 2 parser threads):\n");
     std::printf("%-16s %14s %16s %8s\n", "archive", "cpu decode", "device decode", "ratio");
-    auto cuda = gpu::CudaAssembler::Create({});
-    if (!cuda.ok()) return 1;
-    auto cpu = MakeCpuAssembler();
-    const uint64_t slot_bytes = uint64_t{64} << 20;
-    auto pool = gpu::SlotPool::Create(gpu::MemoryKind::kDevice, slot_bytes, 4);
-    if (!pool.ok()) return 1;
-    std::vector<std::byte*> slots;
-    for (int i = 0; i < 4; ++i) slots.push_back((*pool)->Acquire(absl::ZeroDuration())->data);
     for (const char* name : {"cm_auto", "cm_2byte_auto", "cm_1byte_auto"}) {
       auto config = ParseConfig(std::string("datasets:\n  d:\n    deserializers:\n      - type: KaldiTable\n"
                                             "        rspecifier: \"ark:") + kaldi_dir + "/" + name + ".ark\"\n"
@@ -334,8 +327,8 @@ int main(int argc, char** argv) {
       const double mb = (*plain)->file_bytes() * 100 / 1e6;
       std::vector<double> c, d;
       for (int rep = 0; rep < 3; ++rep) {
-        const LoaderRun a = RunLoader(**plain, cpu.get(), 0, 2000, 100, slots, slot_bytes);
-        const LoaderRun b = RunLoader(**kept, cuda->get(), 2, 2000, 100, slots, slot_bytes);
+        const LoaderRun a = RunLoader(**plain, cpu_assembler.get(), 0, 2000, 100, slots, slot_bytes);
+        const LoaderRun b = RunLoader(**kept, cuda_assembler->get(), 2, 2000, 100, slots, slot_bytes);
         c.push_back(mb * a.batches_per_s / std::max<uint64_t>(a.batches, 1));
         d.push_back(mb * b.batches_per_s / std::max<uint64_t>(b.batches, 1));
       }

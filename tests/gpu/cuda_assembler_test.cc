@@ -102,6 +102,22 @@ TEST(CudaAssembler, RefusesADeviceThatIsNotThere) {
       << a.status();
 }
 
+// One generated batch per case (seeds from `seed`) and its plan; returns the largest plan's bytes.
+uint64_t PlanEveryCase(const std::vector<conveyor::testing::CaseSpec>& cases, uint64_t seed,
+                       std::vector<conveyor::testing::BatchCase>* batches, std::vector<BatchPlan>* plans) {
+  uint64_t largest = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    batches->push_back(MakeBatchCase(cases[i], seed + i));
+    const auto& c = batches->back();
+    auto plan = PlanBatch(c.streams, cases[i].precision, c.shape, c.pieces, c.layouts);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) break;
+    largest = std::max(largest, plan->total_bytes);
+    plans->push_back(std::move(*plan));
+  }
+  return largest;
+}
+
 // Batches enqueued back to back (the host packing batch k+1 while the device assembles batch
 // k, two staging buffers in turn) into distinct device slots: all correct after one sync.
 TEST(CudaAssemblerGpu, BackToBackAsyncBatchesAreAllCorrect) {
@@ -112,15 +128,8 @@ TEST(CudaAssemblerGpu, BackToBackAsyncBatchesAreAllCorrect) {
   const auto cases = StandardCases();
   std::vector<conveyor::testing::BatchCase> batches;
   std::vector<BatchPlan> plans;
-  uint64_t largest = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    batches.push_back(MakeBatchCase(cases[i], 100 + i));
-    auto plan = PlanBatch(batches.back().streams, cases[i].precision, batches.back().shape, batches.back().pieces,
-                          batches.back().layouts);
-    ASSERT_TRUE(plan.ok());
-    largest = std::max(largest, plan->total_bytes);
-    plans.push_back(std::move(*plan));
-  }
+  const uint64_t largest = PlanEveryCase(cases, 100, &batches, &plans);
+  ASSERT_EQ(plans.size(), cases.size());
   auto pool = SlotPool::Create(MemoryKind::kDevice, largest, static_cast<uint32_t>(plans.size()));
   ASSERT_TRUE(pool.ok()) << pool.status();
   std::vector<Slot> slots;
@@ -151,17 +160,12 @@ TEST(CudaAssemblerGpu, FencedBatchesNoLongerReadTheChunksOnceBegun) {
   const auto cases = StandardCases();
   std::vector<conveyor::testing::BatchCase> batches;
   std::vector<BatchPlan> plans;
+  const uint64_t largest = PlanEveryCase(cases, 300, &batches, &plans);
+  ASSERT_EQ(plans.size(), cases.size());
   std::vector<std::vector<std::byte>> want;
-  uint64_t largest = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    batches.push_back(MakeBatchCase(cases[i], 300 + i));
-    auto plan = PlanBatch(batches.back().streams, cases[i].precision, batches.back().shape, batches.back().pieces,
-                          batches.back().layouts);
-    ASSERT_TRUE(plan.ok());
-    largest = std::max(largest, plan->total_bytes);
-    want.emplace_back(plan->total_bytes);
-    ASSERT_TRUE(cpu->Assemble(*plan, batches.back().pieces, absl::MakeSpan(want.back())).ok());
-    plans.push_back(std::move(*plan));
+  for (size_t i = 0; i < plans.size(); ++i) {
+    want.emplace_back(plans[i].total_bytes);
+    ASSERT_TRUE(cpu->Assemble(plans[i], batches[i].pieces, absl::MakeSpan(want.back())).ok());
   }
   auto pool = SlotPool::Create(MemoryKind::kDevice, largest, static_cast<uint32_t>(plans.size()));
   ASSERT_TRUE(pool.ok()) << pool.status();

@@ -102,6 +102,21 @@ std::string LocalDump(const std::string& dataset, uint64_t mb, const StreamReque
   return out.ok() ? *out : "";
 }
 
+// Truncated BPTT (5 steps, 4 parallel sequences) over "sequences": what dump prints.
+void ExpectTruncatedStreamMatchesDump(Client* client) {
+  v1::Subscribe t = Sub("sequences", 40);
+  t.set_truncation(5);
+  t.set_parallel(4);
+  auto bptt = client->Subscribe(t);
+  ASSERT_TRUE(bptt.ok()) << bptt.status();
+  auto tgot = Drain(bptt->get());
+  ASSERT_TRUE(tgot.ok()) << tgot.status();
+  StreamRequest extra;
+  extra.truncation = 5;
+  extra.parallel = 4;
+  EXPECT_EQ(*tgot, LocalDump("sequences", 40, extra));
+}
+
 TEST(Service, ListsAndDescribesDatasets) {
   Daemon d;
   auto client = Client::Connect(d.tcp());
@@ -141,16 +156,7 @@ TEST(Service, SequencesAndTruncatedStreamsMatchDumpToo) {
   auto got = Drain(seq->get());
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, LocalDump("sequences", 40));
-  v1::Subscribe t = Sub("sequences", 40);
-  t.set_truncation(5);
-  t.set_parallel(4);
-  auto bptt = (*client)->Subscribe(t);
-  auto tgot = Drain(bptt->get());
-  ASSERT_TRUE(tgot.ok()) << tgot.status();
-  StreamRequest extra;
-  extra.truncation = 5;
-  extra.parallel = 4;
-  EXPECT_EQ(*tgot, LocalDump("sequences", 40, extra));
+  ExpectTruncatedStreamMatchesDump(client->get());
 }
 
 std::multiset<std::string> Keys(const std::string& dump) {
@@ -458,16 +464,7 @@ TEST(Service, PipelinedAssemblyDeliversWhatDumpPrints) {
     ASSERT_TRUE(shm.ok()) << shm.status();
     EXPECT_EQ(*shm, sparse) << credits << " credits";
   }
-  v1::Subscribe t = Sub("sequences", 40);
-  t.set_truncation(5);
-  t.set_parallel(4);
-  auto bptt = (*client)->Subscribe(t);
-  auto tgot = Drain(bptt->get());
-  ASSERT_TRUE(tgot.ok()) << tgot.status();
-  StreamRequest extra;
-  extra.truncation = 5;
-  extra.parallel = 4;
-  EXPECT_EQ(*tgot, LocalDump("sequences", 40, extra));
+  ExpectTruncatedStreamMatchesDump(client->get());
 }
 
 TEST(Service, PipelinedDrainResumesExactly) {
