@@ -438,6 +438,28 @@ TEST(Service, ResumeFromACursorContinuesExactly) {
   EXPECT_EQ(*head + *rest, full);
 }
 
+// Takes one batch, drains the daemon, and reads the rest (appending every batch's dump to
+// `dump` when given): the stream must end UNAVAILABLE naming the last cursor delivered.
+void ExpectDrainEndsWithTheLastCursor(Daemon* d, Subscription* sub, std::string* dump) {
+  ReceivedBatch b;
+  auto first = sub->Next(&b);
+  ASSERT_TRUE(first.ok() && *first) << first.status();
+  if (dump) AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), dump);
+  d->service().Drain();
+  absl::Status end;
+  while (true) {
+    auto more = sub->Next(&b);
+    if (!more.ok()) {
+      end = more.status();
+      break;
+    }
+    ASSERT_TRUE(*more);
+    if (dump) AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), dump);
+  }
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(end.message().find("resume with cursor " + sub->last_cursor()), std::string::npos) << end;
+}
+
 // The daemon's pipelined path (CUDA streams take it on a GPU host; here the CPU assembler
 // on a worker thread): two batches in flight, published in order, over inline parts,
 // shared-memory slots with 1 to 3 credits and truncated BPTT, each equal to the dump; and a
@@ -478,24 +500,9 @@ TEST(Service, PipelinedDrainResumesExactly) {
   SubscribeOptions no_reconnect;
   no_reconnect.reconnect = false;
   auto sub = (*client)->Subscribe(s, no_reconnect);
-  ReceivedBatch b;
   std::string head;
-  ASSERT_TRUE(*(*sub)->Next(&b));
-  AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &head);
-  d->service().Drain();
-  absl::Status end;
-  while (true) {
-    auto more = (*sub)->Next(&b);
-    if (!more.ok()) {
-      end = more.status();
-      break;
-    }
-    ASSERT_TRUE(*more);
-    AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &head);
-  }
-  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
+  ExpectDrainEndsWithTheLastCursor(d.get(), sub->get(), &head);
   const std::string cursor = (*sub)->last_cursor();
-  EXPECT_NE(end.message().find("resume with cursor " + cursor), std::string::npos) << end;
   sub->reset();
   d.reset();
   Daemon again(o);
@@ -525,20 +532,7 @@ TEST(Service, DrainEndsStreamsWithTheirLastCursor) {
   SubscribeOptions no_reconnect;
   no_reconnect.reconnect = false;
   auto sub = (*client)->Subscribe(s, no_reconnect);
-  ReceivedBatch b;
-  ASSERT_TRUE(*(*sub)->Next(&b));
-  d->service().Drain();
-  absl::Status end;
-  while (true) {
-    auto more = (*sub)->Next(&b);
-    if (!more.ok()) {
-      end = more.status();
-      break;
-    }
-    ASSERT_TRUE(*more);
-  }
-  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(end.message().find("resume with cursor " + (*sub)->last_cursor()), std::string::npos) << end;
+  ExpectDrainEndsWithTheLastCursor(d.get(), sub->get(), nullptr);
 }
 
 }  // namespace
