@@ -26,9 +26,10 @@ int CudaDeviceCount(std::string* why) {
   return n;
 }
 
-absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int device) {
+absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int device, uint64_t staging_bytes) {
   gpu::CudaAssemblerOptions options;
   options.device = device;
+  if (staging_bytes > 0) options.staging_bytes = staging_bytes;
   auto assembler = gpu::CudaAssembler::Create(options);
   if (!assembler.ok()) return assembler.status();
   return std::unique_ptr<BatchAssembler>(std::move(*assembler));

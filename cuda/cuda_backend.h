@@ -21,10 +21,12 @@ int CudaDeviceCount(std::string* why);
 
 // The CUDA assembler for `device`. Errors: Unimplemented (not built, or the kernels are not
 // in this build), FailedPrecondition (no such device).
-absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int device);
+// `staging_bytes`: the initial size of its two pinned staging buffers (0: the default).
+absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int device, uint64_t staging_bytes = 0);
 
 // The assembler to use: CUDA when `want_cuda` and it can be had, otherwise the CPU
 // reference. `note` receives one line saying which and why (for the log).
-std::unique_ptr<BatchAssembler> SelectAssembler(bool want_cuda, int device, std::string* note);
+std::unique_ptr<BatchAssembler> SelectAssembler(bool want_cuda, int device, std::string* note,
+                                                uint64_t staging_bytes = 0);
 
 }  // namespace conveyor

@@ -3,7 +3,8 @@
 
 namespace conveyor {
 
-std::unique_ptr<BatchAssembler> SelectAssembler(bool want_cuda, int device, std::string* note) {
+std::unique_ptr<BatchAssembler> SelectAssembler(bool want_cuda, int device, std::string* note,
+                                                uint64_t staging_bytes) {
   if (!want_cuda) {
     *note = "assembler: cpu (CUDA not requested)";
     return MakeCpuAssembler();
@@ -13,7 +14,7 @@ std::unique_ptr<BatchAssembler> SelectAssembler(bool want_cuda, int device, std:
     *note = absl::StrCat("assembler: cpu (no CUDA device: ", why, ")");
     return MakeCpuAssembler();
   }
-  auto cuda = MakeCudaAssembler(device);
+  auto cuda = MakeCudaAssembler(device, staging_bytes);
   if (!cuda.ok()) {
     *note = absl::StrCat("assembler: cpu (", cuda.status().message(), ")");
     return MakeCpuAssembler();

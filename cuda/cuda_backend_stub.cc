@@ -22,7 +22,9 @@ int CudaDeviceCount(std::string* why) {
   return 0;
 }
 
-absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int) { return absl::UnimplementedError(kNotBuilt); }
+absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeCudaAssembler(int, uint64_t) {
+  return absl::UnimplementedError(kNotBuilt);
+}
 
 namespace gpu {
 

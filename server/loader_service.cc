@@ -99,14 +99,15 @@ absl::Status StreamReactor::Subscribe(const v1::Subscribe& s) {
   resolved_.loader.pool = service_->pool_.get();
   std::string note;
   if (cuda_ipc_) {  // batches are assembled where they travel from: device memory
-    auto cuda = MakeCudaAssembler(cuda_device_);
+    auto cuda = MakeCudaAssembler(cuda_device_, service_->options_.staging_bytes);
     if (!cuda.ok()) return cuda.status();
     assembler_ = std::move(*cuda);
   } else {
     // The CUDA assembler overlaps by itself (the device assembles batch k while the host
     // plans k+1). The CPU one stays synchronous: on a worker thread of its own it cost CPU
     // time and gained no throughput here (bench/RESULTS.md, "Pipelined assembly").
-    assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note);
+    assembler_ = SelectAssembler(service_->options_.cuda_assembler, service_->options_.cuda_device, &note,
+                                 service_->options_.staging_bytes);
     if (service_->options_.pipelined_cpu_assembly && !assembler_->pipelined()) {
       assembler_ = MakePipelinedAssembler(std::move(assembler_));
     }

@@ -42,6 +42,7 @@ struct ServiceOptions {
   std::string token;                   // non-empty: TCP calls need "authorization: Bearer <token>"
   bool cuda_assembler = false;         // assemble on the GPU (falls back to the CPU, logged once)
   int cuda_device = 0;
+  uint64_t staging_bytes = 0;  // the CUDA assembler's pinned staging buffers (0: its default)
   // The CPU assembler on a worker thread per stream, two batches in flight as with CUDA. Off:
   // it gained nothing on the machines measured (bench/RESULTS.md); tests run the daemon's
   // pipelined path with it, which CUDA streams take on a GPU host.

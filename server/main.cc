@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
   if (parser_threads_per_stream > 0) options.parser_threads_per_stream = parser_threads_per_stream;
   if (max_subscriptions == 0) max_subscriptions = config->server.max_subscriptions;
   if (max_subscriptions > 0) options.max_subscriptions = max_subscriptions;
+  if (config->server.staging_bytes > 0) options.staging_bytes = config->server.staging_bytes;
+  if (config->server.min_slot_bytes > 0) options.min_slot_bytes = config->server.min_slot_bytes;
+  if (config->server.slot_headroom > 0) options.slot_headroom = config->server.slot_headroom;
   // Decided once: without a usable device every subscription gets the CPU assembler, and the
   // startup line says why. With the CUDA assembler, Kaldi compressed matrices are decoded on
   // the device: the parser threads leave them compressed.

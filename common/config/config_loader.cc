@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -468,7 +469,7 @@ class Converter {
       } else if (key == "server") {
         if (!v.is_map()) {
           return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N, "
-                          "assembler: cpu|cuda, cudaDevice: N}'");
+                          "assembler: cpu|cuda, cudaDevice: N, stagingBytes: N, minSlotBytes: N, slotHeadroom: X}'");
         }
         for (const auto& [sk, sv] : v.map) {
           const std::string skey = Lower(sk);
@@ -489,10 +490,21 @@ class Converter {
           } else if (skey == "cudadevice") {
             ASSIGN_OR_RETURN(uint64_t n, UInt(sv, sk, 0, 1023));
             out_->server.cuda_device = static_cast<int>(n);
+          } else if (skey == "stagingbytes") {
+            ASSIGN_OR_RETURN(out_->server.staging_bytes, UInt(sv, sk, uint64_t{1} << 16, uint64_t{1} << 36));
+          } else if (skey == "minslotbytes") {
+            ASSIGN_OR_RETURN(out_->server.min_slot_bytes, UInt(sv, sk, 256, uint64_t{1} << 36));
+          } else if (skey == "slotheadroom") {
+            char* end = nullptr;
+            const double h = sv.kind == ConfigNode::Kind::kScalar ? std::strtod(sv.scalar.c_str(), &end) : 0;
+            if (end == nullptr || *end != 0 || sv.scalar.empty() || !(h >= 1 && h <= 16)) {
+              return Error(sv, absl::StrCat("expected a number from 1 to 16 for 'slotHeadroom', found '", sv.scalar, "'"));
+            }
+            out_->server.slot_headroom = h;
           } else {
             return Error(sv, absl::StrCat("unknown key '", sk,
                                           "' in server (expected parserThreads, parserThreadsPerStream, maxSubscriptions, "
-                                          "assembler, cudaDevice)"));
+                                          "assembler, cudaDevice, stagingBytes, minSlotBytes, slotHeadroom)"));
           }
         }
       } else if (key == "datasets") {

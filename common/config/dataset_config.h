@@ -89,6 +89,12 @@ struct Config {
     uint64_t max_subscriptions = 0;
     std::string assembler;              // "cpu" or "cuda"; empty: the daemon's default (cpu)
     int cuda_device = -1;               // -1: the daemon's default (0)
+    // Memory, allocated once and reused (0: the daemon's defaults): the CUDA assembler's two
+    // pinned staging buffers (and their device mirrors) per stream; the smallest slot of a
+    // shared-memory or device segment, and a new segment's slots as a multiple of its batch.
+    uint64_t staging_bytes = 0;
+    uint64_t min_slot_bytes = 0;
+    double slot_headroom = 0;
   } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print

@@ -223,6 +223,27 @@ TEST(Config, ServerChoosesTheAssemblerAndDevice) {
   EXPECT_NE(bad.status().message().find("expected assembler cpu or cuda, found 'tpu'"), std::string::npos) << bad.status();
 }
 
+TEST(Config, ServerSizesItsMemoryPools) {
+  const std::string data = "datasets:\n  d:\n    file: /x.ctf\n    input: {a: {dim: 1, format: dense}}\n";
+  auto c = ParseConfig("server: {stagingBytes: 67108864, minSlotBytes: 4096, slotHeadroom: 1.5}\n" + data, "s.yaml", "/");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->server.staging_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c->server.min_slot_bytes, 4096u);
+  EXPECT_EQ(c->server.slot_headroom, 1.5);
+  auto plain = ParseConfig(data, "s.yaml", "/");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->server.staging_bytes, 0u);  // the daemon's defaults
+  EXPECT_EQ(plain->server.slot_headroom, 0.0);
+  auto headroom = ParseConfig("server: {slotHeadroom: 0.5}\n" + data, "s.yaml", "/");
+  ASSERT_FALSE(headroom.ok());
+  EXPECT_NE(headroom.status().message().find("s.yaml:1:24: expected a number from 1 to 16 for 'slotHeadroom', found '0.5'"),
+            std::string::npos)
+      << headroom.status();
+  auto tiny = ParseConfig("server: {stagingBytes: 10}\n" + data, "s.yaml", "/");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("'stagingBytes' must be between 65536 and"), std::string::npos) << tiny.status();
+}
+
 TEST(Config, ResolvesDollarReferencesCaseInsensitively) {
   auto c = ParseConfig("defMbSize=true\nX = [ reader = [ file = \"f\"\n input = [ a = [ dim = 1; format = \"dense\"; definesMbSize=$defMBSize$ ] ] ] ]\n",
                        "x.cntk", "");
