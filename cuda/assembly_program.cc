@@ -250,9 +250,18 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
     }
     prog.decodes.push_back(op);
   };
+  struct CompressedRun {  // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
+    const CompressedDense* matrix = nullptr;
+    uint64_t r0 = 0, rows = 0, cols = 0, dst = 0;
+  } run;
+  auto flush_run = [&] {
+    if (run.rows > 0) pack_compressed(*run.matrix, run.r0, run.rows, run.cols, run.dst);
+    run.rows = 0;
+  };
   for (size_t s = 0; s < plan.streams.size(); ++s) {
     const StreamLayout& L = plan.streams[s];
     const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    flush_run();
     for (size_t i = 0; i < pieces.size(); ++i) {
       const PieceRef& p = pieces[i];
       const ParsedStream& ps = p.chunk->streams[s];
@@ -263,7 +272,17 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       if (L.ids()) {
         AddCopy(&prog.copies, pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
       } else if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
-        pack_compressed(ps.compressed[p.slot], b - ps.sequence_begin[p.slot], c, L.dim, L.values.offset + col * L.dim * vb);
+        // Consecutive rows of one matrix landing consecutively (frames read in order, a
+        // sequence's BPTT pieces) become one decode op: one header block, longer column runs.
+        const CompressedDense& m = ps.compressed[p.slot];
+        const uint64_t r0 = b - ps.sequence_begin[p.slot], dst = L.values.offset + col * L.dim * vb;
+        if (run.rows > 0 && run.matrix->object == m.object && run.matrix->row0 == m.row0 && run.r0 + run.rows == r0 &&
+            run.dst + run.rows * L.dim * vb == dst) {
+          run.rows += c;
+          continue;
+        }
+        flush_run();
+        run = {&m, r0, c, L.dim, dst};
       } else if (L.format == StreamFormat::kDense) {
         const uint64_t bytes = uint64_t{c} * L.dim * vb;
         AddCopy(&prog.copies, pack(ps.DenseSamples(p.slot, b, vb), bytes), L.values.offset + col * L.dim * vb, bytes);
@@ -300,6 +319,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       }
     }
   }
+  flush_run();
   prog.payload_bytes = Align(cursor, 16);
   prog.copies_at = prog.payload_bytes;
   prog.csc_pieces_at = Align(prog.copies_at + prog.copies.size() * sizeof(CopyItem), 16);

@@ -4,10 +4,15 @@
 #include "cuda/assembly_program.h"
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
+#include "common/formats/kaldi/kaldi_object.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/batch_cases.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -115,6 +120,72 @@ TEST(AssemblyProgram, HostProgramAssemblerRefusesASmallSlot) {
   absl::Status st = MakeHostProgramAssembler()->Assemble(p.plan, p.batch.pieces, absl::MakeSpan(small));
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("the slot has"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace conveyor::gpu
+
+namespace conveyor::gpu {
+namespace {
+
+// Frames 3..10 of a CM matrix (testdata's cm_auto.ark, first entry) in rows 0..7 become one
+// decode op (one column-header block, eight-byte column runs); a gap starts another. Both
+// programs, run on the host, give the CPU decoder's bytes.
+TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
+  std::ifstream in(conveyor::testing::TestdataDir() + "/kaldi/cm_auto.ark", std::ios::binary);
+  const std::string ark((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(ark.size(), 14u);
+  auto info = kaldi::ScanObject(ark, 14, kaldi::ObjectKind::kMatrix);  // after "spk01-utt0001 "
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->type, kaldi::ObjectType::kCompressed1);
+  ASSERT_GT(info->rows, 12);
+  ParsedChunk chunk;
+  chunk.keys = {1};
+  chunk.lengths = {static_cast<uint32_t>(info->rows)};
+  chunk.slot_of = {0};
+  ParsedStream ps;
+  ps.format = StreamFormat::kDense;
+  ps.dim = static_cast<uint32_t>(info->cols);
+  ps.sequence_begin = {0, static_cast<uint64_t>(info->rows)};
+  ps.compressed = {CompressedDense{ark.data() + 14, *info, 0, 0}};
+  chunk.streams = {ps};
+  const std::vector<StreamConfig> streams = {{"f", "f", StreamFormat::kDense, static_cast<uint64_t>(info->cols), false}};
+  for (const std::vector<uint32_t>& frames : {std::vector<uint32_t>{3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint32_t>{3, 4, 6}}) {
+    std::vector<PieceRef> pieces;
+    for (uint32_t f : frames) {
+      PieceRef r;
+      r.chunk = &chunk;
+      r.sample_begin = f;
+      r.sample_count = 1;
+      r.row = static_cast<uint32_t>(pieces.size());
+      r.frame = f;
+      pieces.push_back(r);
+    }
+    BatchShape shape;
+    shape.rows = static_cast<uint32_t>(pieces.size());
+    shape.frame_mode = true;
+    auto plan = PlanBatch(streams, Precision::kFloat, shape, pieces);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto prog = BuildAssemblyProgram(*plan, pieces);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    if (frames.size() == 8) {
+      ASSERT_EQ(prog->decodes.size(), 1u);
+      EXPECT_EQ(prog->decodes[0].rows, 8u);
+    } else {
+      ASSERT_EQ(prog->decodes.size(), 2u);  // 3-4, then 6
+      EXPECT_EQ(prog->decodes[0].rows, 2u);
+    }
+    auto cpu = MakeCpuAssembler();
+    auto host = MakeHostProgramAssembler();
+    EXPECT_EQ(AssembleWith(*host, *plan, pieces), AssembleWith(*cpu, *plan, pieces));
+    // And those are the decoder's values for those rows.
+    std::vector<float> want(frames.size() * ps.dim);
+    for (size_t i = 0; i < frames.size(); ++i) {
+      kaldi::DecodeMatrix<float>(ark, 14, *info, {frames[i], 1, 0, info->cols}, want.data() + i * ps.dim);
+    }
+    const std::vector<std::byte> got = AssembleWith(*host, *plan, pieces);
+    EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
+  }
 }
 
 }  // namespace

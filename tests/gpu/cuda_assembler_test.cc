@@ -319,10 +319,13 @@ TEST(HostProgramAssembler, CompressedKaldiMatricesDecodeAsTheCpuDecoder) {
   open.compressed_in_place = true;
   open.diagnostics_sink = [](Severity, const std::string&) {};
   for (const DatasetConfig& config : CompressedKaldiConfigs()) {
-    for (bool frames : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {  // utterances, frames, frames in file order (merged runs)
+      const bool frames = mode > 0;
+      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
+      lo.planner.randomizer.randomize = mode < 2;
       SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
-                   (config.precision == Precision::kDouble ? " double" : " float"));
-      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, Randomized(frames ? 64 : 100, frames), host.get(),
+                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, host.get(),
                                                MemoryKind::kHost);
     }
   }
@@ -345,10 +348,13 @@ TEST(CudaAssemblerGpu, CompressedKaldiMatricesDecodeOnTheDeviceAsOnTheCpu) {
   open.compressed_in_place = true;
   open.diagnostics_sink = [](Severity, const std::string&) {};
   for (const DatasetConfig& config : CompressedKaldiConfigs()) {
-    for (bool frames : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {  // utterances, frames, frames in file order (merged runs)
+      const bool frames = mode > 0;
+      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
+      lo.planner.randomizer.randomize = mode < 2;
       SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
-                   (config.precision == Precision::kDouble ? " double" : " float"));
-      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, Randomized(frames ? 64 : 100, frames), cuda->get(),
+                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, cuda->get(),
                                                MemoryKind::kDevice);
     }
   }
