@@ -228,6 +228,20 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
   };
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads.
   auto pack_compressed = [&](const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    if (m.info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
+      // Decoded here, bit for bit as the CPU assembler does, and copied like dense values.
+      kaldi::Window w;
+      w.row0 = m.row0 + static_cast<int64_t>(r0);
+      w.rows = static_cast<int64_t>(n);
+      w.col0 = m.col0;
+      w.cols = static_cast<int64_t>(cols);
+      std::vector<std::byte>& decoded = prog.host_decoded.emplace_back(n * cols * vb);
+      const std::string_view object(m.object, m.info.size);
+      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, m.info, w, reinterpret_cast<float*>(decoded.data()));
+      else kaldi::DecodeMatrix<double>(object, 0, m.info, w, reinterpret_cast<double*>(decoded.data()));
+      AddCopy(&prog.copies, pack(decoded.data(), decoded.size()), dst, decoded.size());
+      return;
+    }
     DecodeOp op;
     op.dst = dst;
     op.rows = static_cast<uint32_t>(n);

@@ -77,6 +77,11 @@ struct DecodeOp {
   float min_value = 0, range = 0;
 };
 
+// CM (1-byte) runs shorter than this many rows are decoded on the host: on the device each
+// would need its 8-byte column headers staged beside 1 byte a value (2.25x the floats for one
+// frame, measured by bench/staging_bench).
+inline constexpr uint64_t kCm1DeviceMinRows = 4;
+
 // Bytes of the parsed chunks that go into the staging buffer.
 struct HostPack {
   const void* src = nullptr;
@@ -98,6 +103,9 @@ struct AssemblyProgram {
   std::vector<ScatterOp> scatters;
   std::vector<TransposeOp> transposes;
   std::vector<DecodeOp> decodes;
+  // Rows of compressed matrices decoded on the host instead (a CM run too short to be worth
+  // its column headers), packed from here like any chunk data.
+  std::vector<std::vector<std::byte>> host_decoded;
   // Staging offsets of the descriptor arrays (after the payload), for the kernels.
   uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0;
 };

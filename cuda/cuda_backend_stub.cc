@@ -41,6 +41,10 @@ absl::Status CudaAssembler::AssembleAsync(const BatchPlan&, absl::Span<const Pie
   return absl::UnimplementedError(kNotBuilt);
 }
 absl::Status CudaAssembler::Synchronize() { return absl::UnimplementedError(kNotBuilt); }
+absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan&, absl::Span<const PieceRef>, absl::Span<std::byte>) {
+  return absl::UnimplementedError(kNotBuilt);
+}
+absl::Status CudaAssembler::Wait(uint64_t) { return absl::UnimplementedError(kNotBuilt); }
 int CudaAssembler::device() const { return -1; }
 
 absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int) {

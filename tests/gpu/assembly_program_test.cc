@@ -129,8 +129,9 @@ namespace conveyor::gpu {
 namespace {
 
 // Frames 3..10 of a CM matrix (testdata's cm_auto.ark, first entry) in rows 0..7 become one
-// decode op (one column-header block, eight-byte column runs); a gap starts another. Both
-// programs, run on the host, give the CPU decoder's bytes.
+// decode op (one column-header block, eight-byte column runs); a gap starts another, and a
+// run shorter than kCm1DeviceMinRows is decoded on the host. Both programs, run on the host,
+// give the CPU decoder's bytes.
 TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
   std::ifstream in(conveyor::testing::TestdataDir() + "/kaldi/cm_auto.ark", std::ios::binary);
   const std::string ark((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -138,7 +139,7 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
   auto info = kaldi::ScanObject(ark, 14, kaldi::ObjectKind::kMatrix);  // after "spk01-utt0001 "
   ASSERT_TRUE(info.ok()) << info.status();
   ASSERT_EQ(info->type, kaldi::ObjectType::kCompressed1);
-  ASSERT_GT(info->rows, 12);
+  ASSERT_GT(info->rows, 18);
   ParsedChunk chunk;
   chunk.keys = {1};
   chunk.lengths = {static_cast<uint32_t>(info->rows)};
@@ -150,7 +151,7 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
   ps.compressed = {CompressedDense{ark.data() + 14, *info, 0, 0}};
   chunk.streams = {ps};
   const std::vector<StreamConfig> streams = {{"f", "f", StreamFormat::kDense, static_cast<uint64_t>(info->cols), false}};
-  for (const std::vector<uint32_t>& frames : {std::vector<uint32_t>{3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint32_t>{3, 4, 6}}) {
+  for (const std::vector<uint32_t>& frames : {std::vector<uint32_t>{3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint32_t>{3, 4, 5, 6, 9, 10, 11, 12, 18}}) {
     std::vector<PieceRef> pieces;
     for (uint32_t f : frames) {
       PieceRef r;
@@ -171,9 +172,12 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
     if (frames.size() == 8) {
       ASSERT_EQ(prog->decodes.size(), 1u);
       EXPECT_EQ(prog->decodes[0].rows, 8u);
+      EXPECT_TRUE(prog->host_decoded.empty());
     } else {
-      ASSERT_EQ(prog->decodes.size(), 2u);  // 3-4, then 6
-      EXPECT_EQ(prog->decodes[0].rows, 2u);
+      ASSERT_EQ(prog->decodes.size(), 2u);  // 3-6 and 9-12 on the device, 18 on the host
+      EXPECT_EQ(prog->decodes[0].rows, 4u);
+      EXPECT_EQ(prog->decodes[1].rows, 4u);
+      EXPECT_EQ(prog->host_decoded.size(), 1u);
     }
     auto cpu = MakeCpuAssembler();
     auto host = MakeHostProgramAssembler();
