@@ -8,7 +8,7 @@
 //            would then decode.
 // Reported per archive: MB/s of archive (wall) and CPU seconds per GB of archive (all
 // threads, getrusage), plus the staged bytes per decoded float byte.
-//   build/bench/staging_bench [epochs]
+//   build/bench/staging_bench [epochs [archive]]
 #include <sys/resource.h>
 
 #include <chrono>
@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   std::printf("%-16s %-10s %12s %12s %12s %12s %10s\n", "archive", "mode", "cpu MB/s", "cpu s/GB", "staging MB/s",
               "staging s/GB", "staged/f32");
   for (const char* name : {"cm_speech", "cm_2byte_auto", "cm_1byte_auto"}) {
+    if (argc > 2 && std::string(argv[2]) != name) continue;
     auto config = ParseConfig(std::string("datasets:\n  d:\n    deserializers:\n      - type: KaldiTable\n"
                                           "        rspecifier: \"ark:") + kaldi + "/" + name + ".ark\"\n"
                                           "        input: {features: {}}\n",

@@ -226,6 +226,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
     }
     cursor += bytes;
   };
+  uint64_t decoded_used = 0;  // bytes of the last host_decoded block in use
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads.
   auto pack_compressed = [&](const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
     if (m.info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
@@ -235,11 +236,27 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       w.rows = static_cast<int64_t>(n);
       w.col0 = m.col0;
       w.cols = static_cast<int64_t>(cols);
-      std::vector<std::byte>& decoded = prog.host_decoded.emplace_back(n * cols * vb);
+      // Into blocks of 64 KiB that never move (packs point at them), back to back, so that
+      // frames decoded one after another also pack and copy as one.
+      const uint64_t bytes = n * cols * vb;
+      if (prog.host_decoded.empty() || decoded_used + bytes > prog.host_decoded.back().size()) {
+        prog.host_decoded.emplace_back(std::max<uint64_t>(bytes, uint64_t{64} << 10));
+        decoded_used = 0;
+      }
+      std::byte* rows_at = prog.host_decoded.back().data() + decoded_used;
+      decoded_used += bytes;
       const std::string_view object(m.object, m.info.size);
-      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, m.info, w, reinterpret_cast<float*>(decoded.data()));
-      else kaldi::DecodeMatrix<double>(object, 0, m.info, w, reinterpret_cast<double*>(decoded.data()));
-      AddCopy(&prog.copies, pack(decoded.data(), decoded.size()), dst, decoded.size());
+      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, m.info, w, reinterpret_cast<float*>(rows_at));
+      else kaldi::DecodeMatrix<double>(object, 0, m.info, w, reinterpret_cast<double*>(rows_at));
+      const bool follows = !prog.packs.empty() && static_cast<const std::byte*>(prog.packs.back().src) +
+                                                          prog.packs.back().bytes == rows_at;
+      uint64_t at = cursor;
+      if (follows) {
+        pack_next(rows_at, bytes);
+      } else {
+        at = pack(rows_at, bytes);
+      }
+      AddCopy(&prog.copies, at, dst, bytes);
       return;
     }
     DecodeOp op;

@@ -37,7 +37,10 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   }
   diagnostics_ = std::make_unique<Diagnostics>(config_.EffectiveTraceLevel(), options.diagnostics_sink);
   budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
-  compressed_in_place_ = options.compressed_in_place;
+  // Not for datasets read as frames by default: a random frame is a row of 1-byte CM values,
+  // each decoded alone (no per-column table to amortize), which costs the host more than
+  // decoding whole utterances at parse time (bench/RESULTS.md, staging_bench).
+  compressed_in_place_ = options.compressed_in_place && !config_.frame_mode;
   bool keyed = false;
   for (const DeserializerConfig& d : config_.deserializers) keyed = keyed || IsKeyed(d.type);
   // Several deserializers (or a keyed one): sequences joined by key.

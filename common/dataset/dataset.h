@@ -36,7 +36,8 @@ struct DatasetOpenOptions {
   std::optional<uint64_t> max_errors_override;
   // Kaldi compressed matrices (CM, CM2, CM3) stay compressed in parsed chunks
   // (ParsedStream::compressed): the CUDA assembler decodes them on the device, so the parser
-  // threads only locate them. Any assembler reads such chunks (the CPU one decodes).
+  // threads only locate them. Any assembler reads such chunks (the CPU one decodes). Not
+  // applied to datasets configured to read frames (frameMode: true): see dataset.cc.
   bool compressed_in_place = false;
 };
 

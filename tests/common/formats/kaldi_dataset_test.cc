@@ -185,8 +185,8 @@ TEST(KaldiDataset, CompressedMatricesLeftCompressedDeliverTheSameBatches) {
   for (const Case& c : cases) {
     for (bool frames : {false, true}) {
       SCOPED_TRACE(c.rspecifier + c.extra + (frames ? " frames" : " utterances"));
-      auto config = Config(dir, absl::StrCat("datasets:\n  d:\n    randomize: true\n    maxErrors: 100000\n", c.extra,
-                                             "    frameMode: ", frames ? "true" : "false", R"(
+      // Read as frames by request: a dataset configured for frames is not kept compressed.
+      auto config = Config(dir, absl::StrCat("datasets:\n  d:\n    randomize: true\n    maxErrors: 100000\n", c.extra, R"(
     deserializers:
       - type: KaldiTable
         rspecifier: ")", c.rspecifier, R"("
@@ -197,6 +197,7 @@ TEST(KaldiDataset, CompressedMatricesLeftCompressedDeliverTheSameBatches) {
       ReadOptions ro;
       ro.minibatch_size = frames ? 64 : 200;
       ro.request.seed = 9;
+      ro.request.frame_mode = frames;
       auto decoded = DumpDataset(*config, ro);
       ASSERT_TRUE(decoded.ok()) << decoded.status();
       ro.compressed_in_place = true;
@@ -216,6 +217,11 @@ TEST(KaldiDataset, CompressedMatricesLeftCompressedDeliverTheSameBatches) {
       ASSERT_TRUE(chunk.ok()) << chunk.status();
       EXPECT_FALSE((*chunk)->streams[0].compressed.empty());
       EXPECT_TRUE((*chunk)->streams[0].values_f32.empty() && (*chunk)->streams[0].values_f64.empty());
+      DatasetConfig frames_config = *config;
+      frames_config.frame_mode = true;
+      auto decoding = Dataset::Open(frames_config, oo);
+      ASSERT_TRUE(decoding.ok()) << decoding.status();
+      EXPECT_FALSE((*decoding)->compressed_in_place());
     }
   }
 }
