@@ -245,4 +245,18 @@ absl::Status Loader::Complete(Batch* out) {
   return absl::OkStatus();
 }
 
+absl::Status RunPipelined(Loader* loader, size_t depth, const BatchDestination& destination,
+                          const std::function<absl::Status(const Batch&)>& each) {
+  bool more = true;
+  Batch b;
+  while (true) {
+    while (more && loader->in_flight() < std::max<size_t>(depth, 1)) {
+      ASSIGN_OR_RETURN(more, loader->Begin(destination));
+    }
+    if (loader->in_flight() == 0) return absl::OkStatus();
+    RETURN_IF_ERROR(loader->Complete(&b));
+    RETURN_IF_ERROR(each(b));
+  }
+}
+
 }  // namespace conveyor

@@ -125,4 +125,10 @@ class Loader {
   size_t buffer_size_ = 0;
 };
 
+// Reads `loader` to its end with up to `depth` batches in flight (Begin() ahead, Complete()
+// oldest first), calling `each` with every batch in order; `each` is where the caller gives
+// back the batch's destination memory. Stops at the first error (the loader's or `each`'s).
+absl::Status RunPipelined(Loader* loader, size_t depth, const BatchDestination& destination,
+                          const std::function<absl::Status(const Batch&)>& each);
+
 }  // namespace conveyor

@@ -102,20 +102,66 @@ TEST(CudaAssembler, RefusesADeviceThatIsNotThere) {
       << a.status();
 }
 
-// One generated batch per case (seeds from `seed`) and its plan; returns the largest plan's bytes.
-uint64_t PlanEveryCase(const std::vector<conveyor::testing::CaseSpec>& cases, uint64_t seed,
-                       std::vector<conveyor::testing::BatchCase>* batches, std::vector<BatchPlan>* plans) {
-  uint64_t largest = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    batches->push_back(MakeBatchCase(cases[i], seed + i));
-    const auto& c = batches->back();
-    auto plan = PlanBatch(c.streams, cases[i].precision, c.shape, c.pieces, c.layouts);
-    EXPECT_TRUE(plan.ok()) << plan.status();
-    if (!plan.ok()) break;
-    largest = std::max(largest, plan->total_bytes);
-    plans->push_back(std::move(*plan));
+// Every standard case as one generated batch (seeds from `seed`), planned, with the CPU
+// assembler's bytes and a slot of its own (device memory unless `kind` says otherwise).
+struct DeviceCases {
+  std::vector<conveyor::testing::CaseSpec> cases = StandardCases();
+  std::vector<conveyor::testing::BatchCase> batches;
+  std::vector<BatchPlan> plans;
+  std::vector<std::vector<std::byte>> want;
+  std::unique_ptr<SlotPool> pool;
+  std::vector<Slot> slots;
+
+  explicit DeviceCases(uint64_t seed, MemoryKind kind = MemoryKind::kDevice) {
+    auto cpu = MakeCpuAssembler();
+    uint64_t largest = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      batches.push_back(MakeBatchCase(cases[i], seed + i));
+      const auto& c = batches.back();
+      auto plan = PlanBatch(c.streams, cases[i].precision, c.shape, c.pieces, c.layouts);
+      EXPECT_TRUE(plan.ok()) << plan.status();
+      if (!plan.ok()) return;
+      largest = std::max(largest, plan->total_bytes);
+      want.emplace_back(plan->total_bytes);
+      EXPECT_TRUE(cpu->Assemble(*plan, c.pieces, absl::MakeSpan(want.back())).ok());
+      plans.push_back(std::move(*plan));
+    }
+    auto made = SlotPool::Create(kind, largest, static_cast<uint32_t>(plans.size()));
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) return;
+    pool = std::move(*made);
+    for (size_t i = 0; i < plans.size(); ++i) {
+      auto slot = pool->Acquire(absl::ZeroDuration());
+      EXPECT_TRUE(slot.ok()) << slot.status();
+      if (slot.ok()) slots.push_back(*slot);
+    }
   }
-  return largest;
+  bool ready() const { return plans.size() == cases.size() && slots.size() == plans.size(); }
+  // Case i's bytes in its slot equal the CPU's.
+  void ExpectAssembled(size_t i) const {
+    SCOPED_TRACE(cases[i].name);
+    std::vector<std::byte> got(plans[i].total_bytes);
+    ASSERT_TRUE(CopyMemory(got.data(), slots[i].data, got.size()).ok());
+    EXPECT_TRUE(want[i] == got);
+  }
+};
+
+// Every standard case begun at once through the pipelined host program (a worker thread
+// runs the kernels' specification), each fence then the CPU's bytes.
+TEST(HostProgramAssembler, EveryCaseBegunAtOnceCompletesAtItsFence) {
+  auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
+  DeviceCases d(500, MemoryKind::kHost);
+  ASSERT_TRUE(d.ready());
+  std::vector<uint64_t> fences;
+  for (size_t i = 0; i < d.plans.size(); ++i) {
+    auto fence = host->Begin(d.plans[i], d.batches[i].pieces, absl::MakeSpan(d.slots[i].data, d.slots[i].bytes));
+    ASSERT_TRUE(fence.ok()) << fence.status();
+    fences.push_back(*fence);
+  }
+  for (size_t i = 0; i < d.plans.size(); ++i) {
+    ASSERT_TRUE(host->Wait(fences[i]).ok());
+    d.ExpectAssembled(i);
+  }
 }
 
 // Batches enqueued back to back (the host packing batch k+1 while the device assembles batch
@@ -124,29 +170,13 @@ TEST(CudaAssemblerGpu, BackToBackAsyncBatchesAreAllCorrect) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
   auto assembler = CudaAssembler::Create({});
   ASSERT_TRUE(assembler.ok()) << assembler.status();
-  auto cpu = MakeCpuAssembler();
-  const auto cases = StandardCases();
-  std::vector<conveyor::testing::BatchCase> batches;
-  std::vector<BatchPlan> plans;
-  const uint64_t largest = PlanEveryCase(cases, 100, &batches, &plans);
-  ASSERT_EQ(plans.size(), cases.size());
-  auto pool = SlotPool::Create(MemoryKind::kDevice, largest, static_cast<uint32_t>(plans.size()));
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  std::vector<Slot> slots;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    auto slot = (*pool)->Acquire(absl::ZeroDuration());
-    ASSERT_TRUE(slot.ok());
-    slots.push_back(*slot);
-    ASSERT_TRUE((*assembler)->AssembleAsync(plans[i], batches[i].pieces, slot->data).ok());
+  DeviceCases d(100);
+  ASSERT_TRUE(d.ready());
+  for (size_t i = 0; i < d.plans.size(); ++i) {
+    ASSERT_TRUE((*assembler)->AssembleAsync(d.plans[i], d.batches[i].pieces, d.slots[i].data).ok());
   }
   ASSERT_TRUE((*assembler)->Synchronize().ok());
-  for (size_t i = 0; i < plans.size(); ++i) {
-    SCOPED_TRACE(cases[i].name);
-    std::vector<std::byte> want(plans[i].total_bytes), got(plans[i].total_bytes);
-    ASSERT_TRUE(cpu->Assemble(plans[i], batches[i].pieces, absl::MakeSpan(want)).ok());
-    ASSERT_TRUE(CopyMemory(got.data(), slots[i].data, got.size()).ok());
-    EXPECT_TRUE(want == got);
-  }
+  for (size_t i = 0; i < d.plans.size(); ++i) d.ExpectAssembled(i);
 }
 
 // The pipelined interface: every batch begun into its own device slot, then, once Begin()
@@ -156,29 +186,14 @@ TEST(CudaAssemblerGpu, FencedBatchesNoLongerReadTheChunksOnceBegun) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
   auto assembler = CudaAssembler::Create({});
   ASSERT_TRUE(assembler.ok()) << assembler.status();
-  auto cpu = MakeCpuAssembler();
-  const auto cases = StandardCases();
-  std::vector<conveyor::testing::BatchCase> batches;
-  std::vector<BatchPlan> plans;
-  const uint64_t largest = PlanEveryCase(cases, 300, &batches, &plans);
-  ASSERT_EQ(plans.size(), cases.size());
-  std::vector<std::vector<std::byte>> want;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    want.emplace_back(plans[i].total_bytes);
-    ASSERT_TRUE(cpu->Assemble(plans[i], batches[i].pieces, absl::MakeSpan(want.back())).ok());
-  }
-  auto pool = SlotPool::Create(MemoryKind::kDevice, largest, static_cast<uint32_t>(plans.size()));
-  ASSERT_TRUE(pool.ok()) << pool.status();
-  std::vector<Slot> slots;
+  DeviceCases d(300);
+  ASSERT_TRUE(d.ready());
   std::vector<uint64_t> fences;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    auto slot = (*pool)->Acquire(absl::ZeroDuration());
-    ASSERT_TRUE(slot.ok());
-    slots.push_back(*slot);
-    auto fence = (*assembler)->Begin(plans[i], batches[i].pieces, absl::MakeSpan(slot->data, slot->bytes));
+  for (size_t i = 0; i < d.plans.size(); ++i) {
+    auto fence = (*assembler)->Begin(d.plans[i], d.batches[i].pieces, absl::MakeSpan(d.slots[i].data, d.slots[i].bytes));
     ASSERT_TRUE(fence.ok()) << fence.status();
     fences.push_back(*fence);
-    for (auto& chunk : batches[i].chunks) {
+    for (auto& chunk : d.batches[i].chunks) {
       for (ParsedStream& ps : chunk->streams) {
         std::fill(ps.values_f32.begin(), ps.values_f32.end(), -7.0f);
         std::fill(ps.values_f64.begin(), ps.values_f64.end(), -7.0);
@@ -186,13 +201,10 @@ TEST(CudaAssemblerGpu, FencedBatchesNoLongerReadTheChunksOnceBegun) {
       }
     }
   }
-  for (size_t i = 0; i < plans.size(); ++i) {
-    SCOPED_TRACE(cases[i].name);
+  for (size_t i = 0; i < d.plans.size(); ++i) {
     absl::Status st = (*assembler)->Wait(fences[i]);
     ASSERT_TRUE(st.ok()) << st;
-    std::vector<std::byte> got(plans[i].total_bytes);
-    ASSERT_TRUE(CopyMemory(got.data(), slots[i].data, got.size()).ok());
-    EXPECT_TRUE(want[i] == got);
+    d.ExpectAssembled(i);
   }
   EXPECT_EQ((*assembler)->Wait(fences.back()).code(), absl::StatusCode::kInvalidArgument);  // waited for already
 }
@@ -231,25 +243,17 @@ void ExpectPipelinedLoaderMatchesTheCpuLoader(const DatasetConfig& config, const
     return absl::MakeSpan(used.back().data, bytes);
   };
   size_t n = 0;
-  bool more = true;
-  while (more || (*loader)->in_flight() > 0) {
-    while (more && (*loader)->in_flight() < 2) {
-      auto begun = (*loader)->Begin(destination);
-      ASSERT_TRUE(begun.ok()) << begun.status();
-      more = *begun;
-    }
-    if ((*loader)->in_flight() == 0) break;
-    Batch b;
-    absl::Status st = (*loader)->Complete(&b);
-    ASSERT_TRUE(st.ok()) << st;
-    ASSERT_LT(n, want.size());
+  absl::Status st = RunPipelined(loader->get(), 2, destination, [&](const Batch& b) -> absl::Status {
+    if (n >= want.size()) return absl::InternalError("more batches than the CPU loader's");
     std::vector<std::byte> got(b.bytes.size());
-    ASSERT_TRUE(CopyMemory(got.data(), b.bytes.data(), got.size()).ok());
+    if (absl::Status copied = CopyMemory(got.data(), b.bytes.data(), got.size()); !copied.ok()) return copied;
     EXPECT_TRUE(got == want[n]) << "batch " << n;
     ++n;
     free_slots.push_back(used.front());
     used.pop_front();
-  }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(n, want.size());
 }
 

@@ -221,21 +221,13 @@ TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
         return absl::MakeSpan(buffers.back());
       };
       std::vector<std::vector<std::byte>> got;
-      bool more = true;
-      while (more || (*loader)->in_flight() > 0) {
-        while (more && (*loader)->in_flight() < depth) {
-          auto begun = (*loader)->Begin(destination);
-          ASSERT_TRUE(begun.ok()) << begun.status();
-          more = *begun;
-        }
-        if ((*loader)->in_flight() == 0) break;
-        Batch b;
-        absl::Status st = (*loader)->Complete(&b);
-        ASSERT_TRUE(st.ok()) << st;
-        ASSERT_EQ(b.bytes.data(), buffers.front().data());
+      absl::Status st = RunPipelined(loader->get(), depth, destination, [&](const Batch& b) {
+        EXPECT_EQ(b.bytes.data(), buffers.front().data());
         got.emplace_back(b.bytes.begin(), b.bytes.end());
         buffers.pop_front();
-      }
+        return absl::OkStatus();
+      });
+      ASSERT_TRUE(st.ok()) << st;
       EXPECT_EQ(got.size(), want.size()) << "depth " << depth << (deferred ? ", deferred" : ", pipelined");
       for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
         ASSERT_EQ(got[i], want[i]) << "batch " << i << ", depth " << depth << (deferred ? ", deferred" : ", pipelined");
