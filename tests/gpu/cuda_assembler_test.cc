@@ -311,6 +311,24 @@ std::vector<DatasetConfig> CompressedKaldiConfigs() {
   return out;
 }
 
+// Every compressed Kaldi configuration, left compressed in the chunks, in utterances, random
+// frames and frames in file order (merged decode runs), through `assembler`.
+void ExpectCompressedKaldiMatchesTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
+  DatasetOpenOptions open;
+  open.compressed_in_place = true;
+  open.diagnostics_sink = [](Severity, const std::string&) {};
+  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool frames = mode > 0;
+      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
+      lo.planner.randomizer.randomize = mode < 2;
+      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
+                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, assembler, kind);
+    }
+  }
+}
+
 TEST(HostProgramAssembler, PipelinedLoaderMatchesTheCpuLoader) {
   auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
   ExpectPipelinedLoaderMatchesTheCpuLoader(CtfConfig(), {}, Randomized(64, false), host.get(), MemoryKind::kHost);
@@ -319,20 +337,7 @@ TEST(HostProgramAssembler, PipelinedLoaderMatchesTheCpuLoader) {
 // The program's decode ops (what the kernel does, run on the host) against the CPU decoder.
 TEST(HostProgramAssembler, CompressedKaldiMatricesDecodeAsTheCpuDecoder) {
   auto host = MakePipelinedAssembler(MakeHostProgramAssembler());
-  DatasetOpenOptions open;
-  open.compressed_in_place = true;
-  open.diagnostics_sink = [](Severity, const std::string&) {};
-  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
-    for (int mode = 0; mode < 3; ++mode) {  // utterances, frames, frames in file order (merged runs)
-      const bool frames = mode > 0;
-      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
-      lo.planner.randomizer.randomize = mode < 2;
-      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
-                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
-      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, host.get(),
-                                               MemoryKind::kHost);
-    }
-  }
+  ExpectCompressedKaldiMatchesTheCpuLoader(host.get(), MemoryKind::kHost);
 }
 
 TEST(CudaAssemblerGpu, PipelinedLoaderMatchesTheCpuLoader) {
@@ -348,20 +353,7 @@ TEST(CudaAssemblerGpu, CompressedKaldiMatricesDecodeOnTheDeviceAsOnTheCpu) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
   auto cuda = CudaAssembler::Create({});
   ASSERT_TRUE(cuda.ok()) << cuda.status();
-  DatasetOpenOptions open;
-  open.compressed_in_place = true;
-  open.diagnostics_sink = [](Severity, const std::string&) {};
-  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
-    for (int mode = 0; mode < 3; ++mode) {  // utterances, frames, frames in file order (merged runs)
-      const bool frames = mode > 0;
-      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
-      lo.planner.randomizer.randomize = mode < 2;
-      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
-                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
-      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, cuda->get(),
-                                               MemoryKind::kDevice);
-    }
-  }
+  ExpectCompressedKaldiMatchesTheCpuLoader(cuda->get(), MemoryKind::kDevice);
 }
 
 }  // namespace
