@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Bundles the GPU tests and benchmark for a machine with a GPU but no apt (the device
 # machine): build/gpu-bundle/ holds conveyor_gpu_tests, gpu_bench, the Debian shared
-# libraries they need beyond CUDA and libc (abseil), the Kaldi CM archives of testdata, and
-# run.sh, which runs the tests, compute-sanitizer memcheck and racecheck on the GPU tests,
-# and the benchmark. Carry build/gpu-bundle and run `bash build/gpu-bundle/run.sh`.
+# libraries they need beyond CUDA and libc (abseil), and run.sh, which runs the tests, compute-sanitizer memcheck and racecheck on the GPU tests,
+# and the benchmark. The golden files are read from the repository's tests/data, which
+# travels with the working tree. Carry build/gpu-bundle and run `bash build/gpu-bundle/run.sh`
+# from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/tests/conveyor_gpu_tests && -x build/bench/gpu_bench ]] || {
@@ -12,13 +13,12 @@ cd "$(dirname "$0")/.."
 }
 cmake --build build --target conveyord conveyor >/dev/null 2>&1 || true
 out=build/gpu-bundle
-rm -rf "$out" && mkdir -p "$out/lib" "$out/testdata/kaldi"
+rm -rf "$out" && mkdir -p "$out/lib"
 cp build/tests/conveyor_gpu_tests build/bench/gpu_bench "$out/"
 # Shared libraries from Debian that the device image lacks (CUDA's own come from its toolkit).
 for bin in "$out/conveyor_gpu_tests" "$out/gpu_bench"; do
   ldd "$bin" | awk '/=> \// {print $3}' | grep -E 'libabsl|libyaml|libgtest|libgmock|libfmt' | xargs -r -I{} cp -L {} "$out/lib/"
 done
-cp ../shared/testdata/kaldi/cm*.ark ../shared/testdata/kaldi/cm*.scp "$out/testdata/kaldi/"
 mkdir -p "$out/examples" && cp examples/*.yaml examples/*.ctf "$out/examples/"
 # The daemon and the CLI with every Debian library they load (gRPC, protobuf, OpenSSL,
 # libstdc++...; not libc, not CUDA's), for the CUDA IPC transport end to end on the device.
@@ -35,7 +35,7 @@ cat > "$out/run.sh" <<'RUN'
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export CONVEYOR_TESTDATA="$here/testdata"
+export CONVEYOR_TESTDATA="${CONVEYOR_TESTDATA:-$here/../../tests/data}"
 out="${OUT:-/tmp}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 rc=0

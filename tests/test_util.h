@@ -14,7 +14,7 @@
 
 namespace conveyor::testing {
 
-// The golden files (shared/testdata).
+// The golden files written by CNTK and Kaldi (tests/data; tests/data/README.md).
 std::string TestdataDir();
 
 // A fresh directory under $TEST_TMPDIR or /tmp, removed on destruction.

@@ -1,4 +1,4 @@
-// Kaldi tables against what Kaldi's own readers return (shared/testdata/kaldi: CASES.tsv and
+// Kaldi tables against what Kaldi's own readers return (tests/data/kaldi: CASES.tsv and
 // gt/*.gt, README section 3): every case's keys, shapes and values, bit for bit, for float and
 // double readers, ark and scp, binary, text and compressed (CM, CM2, CM3) objects, ranges and
 // int32 vectors; Kaldi's errors as errors. Where conveyor deliberately reads more than Kaldi

@@ -18,7 +18,7 @@ namespace conveyor::testing {
       GTEST_SKIP() << "no CUDA device, GPU test skipped: " << conveyor_why_;             \
   } while (0)
 
-// shared/testdata: $CONVEYOR_TESTDATA if set (the device machine), else the build's path.
+// tests/data: $CONVEYOR_TESTDATA if set (the device machine), else the build's path.
 inline std::string TestdataDir() {
   if (const char* env = std::getenv("CONVEYOR_TESTDATA"); env != nullptr && *env != 0) return env;
   return CONVEYOR_TESTDATA_DIR;

@@ -234,7 +234,7 @@ class ClientTest(unittest.TestCase):
             client.close()
 
 
-KALDI = os.path.join(SOURCE, "..", "shared", "testdata", "kaldi")
+KALDI = os.path.join(SOURCE, "tests", "data", "kaldi")
 
 
 def read_gt(name):
