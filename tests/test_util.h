@@ -48,13 +48,14 @@ struct ReadOptions {
   bool compressed_in_place = false;  // DatasetOpenOptions: Kaldi CM left compressed in chunks
 };
 
-// Opens the dataset and returns the dump (DESIGN.md section 4) of what the loader delivers,
+// Opens the dataset and returns the dump (docs/design.md section 5) of what the loader delivers,
 // or the first error. Diagnostics are collected into *messages when given.
 absl::StatusOr<std::string> DumpDataset(const DatasetConfig& config, const ReadOptions& options,
                                         std::vector<std::string>* messages = nullptr);
 
-// The tokens CNTK's reader tests write for this dataset (testdata/cntk/README.md section 1):
-// per minibatch, per stream, one dense row per non-gap column of CNTK's packed layout.
+// The tokens CNTK's reader tests write for this dataset (tests/data/README.md, "Facts the
+// tests rely on"): per minibatch, per stream, one dense row per non-gap column of CNTK's
+// packed layout.
 absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& config,
                                                            const ReadOptions& options);
 

@@ -1,4 +1,4 @@
-// conveyor dump: decode a dataset and print it in the dump format (DESIGN.md section 4).
+// conveyor dump: decode a dataset and print it in the dump format (docs/design.md section 5).
 #include <cstdio>
 #include <optional>
 #include <string>

@@ -7,7 +7,7 @@
 //   conveyor::ReceivedBatch b;
 //   while (*(*sub)->Next(&b)) { auto x = b.Dense<float>(0); ... save b.cursor() ... }
 //
-// Batches arrive as bytes laid out per DESIGN.md section 6; typed views index them without
+// Batches arrive as bytes laid out per docs/design.md section 7; typed views index them without
 // copying. Every batch is checked before it is handed out (arrays inside the bytes, CSC
 // pointers monotonic and within nnz, row indices within dim), so a bad server cannot make a
 // client read out of bounds. A Subscription acknowledges a batch when the next one is asked

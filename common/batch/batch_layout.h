@@ -1,4 +1,4 @@
-// batch_layout.h: the layout of one batch in memory (DESIGN.md section 6) and how to plan
+// batch_layout.h: the layout of one batch in memory (docs/design.md section 7) and how to plan
 // it. A batch is one contiguous buffer (a slot) with N rows. Per stream, in stream order:
 //   dense,  frame mode:    values[N][dim]
 //   dense,  sequence mode: lengths[N] (int32), values[N][T][dim] (padding zeroed)

@@ -1,4 +1,4 @@
-// dump_writer.h: the dump format of DESIGN.md section 4, JSON Lines, one object per
+// dump_writer.h: the dump format of docs/design.md section 5, JSON Lines, one object per
 // sequence in delivery order, read back out of an assembled batch (so that a dump checks
 // the batch layout, not the parser's columns):
 //   {"epoch":0,"batch":0,"key":"100","streams":{"a":{"dense":[[1,2,3]]},"b":{"sparse":[[[3,1.5]]]}}}

@@ -1,4 +1,4 @@
-// config_loader.h: loads a conveyor configuration (DESIGN.md section 2) from a file or text.
+// config_loader.h: loads a conveyor configuration (docs/design.md section 3) from a file or text.
 // YAML and JSON use the `datasets:` layout; a CNTK BrainScript file with a `reader = [...]`
 // block gives a dataset named `reader`, and each top-level `NAME = [ ... reader = [...] ]`
 // block (the layout of CNTK's reader test configs) gives a dataset named NAME.

@@ -1,4 +1,4 @@
-// dataset_config.h: the in-memory form of a conveyor configuration (DESIGN.md section 2):
+// dataset_config.h: the in-memory form of a conveyor configuration (docs/design.md section 3):
 // the daemon's listen address and the datasets it serves, with CNTK's parameter names and
 // defaults. Loaders (config_loader.h) produce it from YAML/JSON or a BrainScript reader block.
 #pragma once

@@ -499,7 +499,7 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
 
 // The chunk's slots, keys and lengths from its sequences' sample `counts` per delivered
 // stream (stream-major): sequences with no sample in any delivered stream are not delivered
-// (DESIGN.md section 4) and keep no slot; the others keep their data in file order.
+// (docs/design.md section 5) and keep no slot; the others keep their data in file order.
 void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& lengths, const Index& index,
                  const ChunkEntry& ce, ParsedChunk* out) {
   const uint32_t n_seq = static_cast<uint32_t>(lengths.size());

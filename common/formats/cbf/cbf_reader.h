@@ -1,7 +1,8 @@
 // cbf_reader.h: CNTK Binary Format in its two layouts, told apart by the first 8 bytes.
 //
 // 1. The layout CNTK's ctf2bin.py writes and CNTK's CNTKBinaryReader reads (every real CBF
-// file; ../shared/testdata/cntk/README.md section 7), starting with the magic "cntk_bin".
+// file; Scripts/ctf2bin.py and Source/Readers/CNTKBinaryReader/ in CNTK's repository),
+// starting with the magic "cntk_bin".
 // Little endian:
 //   file:   u64 magic "cntk_bin", u32 version (1), chunks..., header, i64 header offset
 //   header: u64 magic, u32 numChunks, u32 numStreams,
@@ -12,7 +13,7 @@
 //           per sequence: dense  u32 n, elem[n * dim]
 //                         sparse u32 n, i32 nnz, elem[nnz], i32 index[nnz], i32 nnzPerSample[n]
 //
-// 2. The layout the CNTK documentation describes (../shared/seeds/cntk-binary-reader.md),
+// 2. The layout CNTK's documentation describes ("BrainScript CNTK Binary Reader"),
 // starting with its version (i64 1). Little endian:
 //   header: i64 version (1), i64 numChunks, i32 numInputs,
 //           per input: i32 len, name[len], i32 deserializer (0 dense, 1 sparse), then

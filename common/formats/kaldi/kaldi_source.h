@@ -1,4 +1,4 @@
-// kaldi_source.h: a KaldiTable deserializer (DESIGN.md section 2): one stream from a Kaldi
+// kaldi_source.h: a KaldiTable deserializer (docs/design.md section 3): one stream from a Kaldi
 // table. `kind: matrix` gives a sample per row (dim = columns), `kind: vector` one sample per
 // entry (dim = length), `kind: int32-vector` a sample per element, delivered as `ids` or as
 // one-hot `sparse` with dim classes.

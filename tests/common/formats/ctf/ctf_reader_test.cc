@@ -1,4 +1,4 @@
-// The CTF reader against the seed page (shared/seeds/cntk-text-format-reader.md): every
+// The CTF reader against CNTK's page "BrainScript CNTK Text Format Reader": every
 // example decoded exactly, every invalid example refused at the right line, and each rule.
 #include <cstdlib>
 #include <random>
@@ -155,7 +155,7 @@ TEST_F(CtfReader, AcceptsCntkNumberSyntax) {
 }
 
 TEST_F(CtfReader, RejectsBadNumbers) {
-  // CNTK's no_trailing_newline_invalid_input cases, and the seed page's.
+  // CNTK's no_trailing_newline_invalid_input cases, and the documentation page's.
   for (const char* bad : {" -", " +", " 12.+", " 12.+e", " 1:", " .5", " 2,0", " 2#0", " 2.0f", " nan", " inf", " 1e400", " --1"}) {
     auto out = Read(std::string("|A") + bad, "{A: {dim: 1, format: dense}}");
     ASSERT_FALSE(out.ok()) << "'" << bad << "' was accepted";
