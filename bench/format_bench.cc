@@ -1,6 +1,6 @@
 // Decoders on one core, per format, next to a memcpy of the same input bytes: what a
 // parser thread can deliver before the loader's own costs. Kaldi archives from
-// testdata/kaldi (the same ones Kaldi's single-core rates in its README were measured on):
+// tests/data/kaldi (the same ones Kaldi's single-core rates in bench/RESULTS.md were measured on):
 // FM (plain floats), CM (1 byte a value, per-column percentiles), CM2 (uint16), CM3 (uint8).
 //   build/bench/format_bench [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
 // Throughput is MB/s of archive bytes (counters "bytes_per_second").

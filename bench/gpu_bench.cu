@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
             std::to_string(Median(two)) + ", \"host_wait_share\": " + std::to_string(Median(wait)) + "}, ";
     }
   }
-  // Kaldi CM in the data path: the whole loader over testdata's CM archives (utterances,
+  // Kaldi CM in the data path: the whole loader over tests/data/kaldi's CM archives (utterances,
   // randomized, re-parsed every epoch). CPU: parser threads decode, the CPU assembler copies.
   // CUDA: chunks keep the matrices compressed and the device decodes the rows batches take.
   const char* testdata = std::getenv("CONVEYOR_TESTDATA");

@@ -1,5 +1,5 @@
 // staging_bench: the host's share of GPU assembly, measured without a GPU. For Kaldi
-// compressed archives (testdata: CM, CM2, CM3), the whole loader runs N epochs two ways:
+// compressed archives (tests/data/kaldi: CM, CM2, CM3), the whole loader runs N epochs two ways:
 //   cpu      parser threads decode every matrix, the CPU assembler copies floats (today's
 //            path without a device);
 //   staging  chunks keep the matrices compressed (compressed_in_place), and the assembler

@@ -1,4 +1,4 @@
-// assembly_program.h: the host half of GPU assembly ("plan, copy, launch", STYLE.md 10).
+// assembly_program.h: the host half of GPU assembly (plan on the host, one copy, kernels).
 // From a BatchPlan and its pieces the host builds an AssemblyProgram: which bytes of the
 // parsed chunks go into the staging buffer, the small arrays only the host knows (lengths,
 // BPTT mask and flags, nnz per CSC column), and flat descriptor arrays the kernels walk.

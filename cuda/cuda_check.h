@@ -1,5 +1,5 @@
 // cuda_check.h: every CUDA runtime and cuSPARSE call checked; failures become absl::Status
-// values naming the call, the error and the source file and line (STYLE.md 4, 9).
+// values naming the call, the error and the source file and line.
 // Include only from CUDA sources.
 #pragma once
 

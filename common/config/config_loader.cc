@@ -396,8 +396,9 @@ class Converter {
       RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'")));
     }
     if (inline_d.type == "HTKMLFReader") {
-      // CNTK's HTKMLFReader reads frames unless told otherwise (htk-mlf-reader.md: "Setting
-      // frameMode to true is the default"); truncated BPTT implies utterances.
+      // CNTK's HTKMLFReader reads frames unless told otherwise (its documentation page,
+      // "BrainScript HTKMLF Reader": "Setting frameMode to true is the default"); truncated
+      // BPTT implies utterances.
       bool frame_mode_given = false, truncated_given = false;
       for (const auto& [k, v] : n.map) {
         frame_mode_given = frame_mode_given || absl::EqualsIgnoreCase(k, "frameMode");

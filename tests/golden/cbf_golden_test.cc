@@ -1,4 +1,4 @@
-// CNTK Binary Format against files written by CNTK's ctf2bin (testdata/cntk/CNTKBinaryReader,
+// CNTK Binary Format against files written by CNTK's ctf2bin (tests/data/cntk/CNTKBinaryReader,
 // byte-identical to CNTK's own test data): each decodes to exactly what the CTF reader gives
 // for the text it was converted from (CBF keeps no order among a sample's sparse entries and
 // keys sequences by index: compared without keys, entries sorted). And every truncation and
@@ -251,7 +251,7 @@ TEST(Cbf, EveryTruncationAndCorruptionIsAnErrorOrARead) {
 }
 
 
-// ---- The documented layout (seeds/cntk-binary-reader.md): header, offsets table, data.
+// ---- The documented layout ("BrainScript CNTK Binary Reader"): header, offsets table, data.
 
 template <typename V>
 void Put(std::string* out, V v) {

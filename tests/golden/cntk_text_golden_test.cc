@@ -1,6 +1,6 @@
-// CNTK's own CTF reader tests (testdata/cntk/CNTKTextFormatReader): each configuration from
+// CNTK's own CTF reader tests (tests/data/cntk/CNTKTextFormatReader): each configuration from
 // CNTK's .cntk files, read by conveyor with the test's epoch size, minibatch size and epoch
-// count, must print what CNTK's control file holds (README section 1: dense rows per non-gap
+// count, must print what CNTK's control file holds (tests/data/README.md: dense rows per non-gap
 // column of CNTK's layout, at most 10 minibatches per epoch).
 #include <cmath>
 #include <cstdlib>

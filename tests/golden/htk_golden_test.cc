@@ -67,7 +67,7 @@ TEST(HtkGolden, CntkSpeechConfigWithDeserializersAndANetworkLoads) {
   EXPECT_EQ(ds.deserializers[1].type, "HTKMLF");
   EXPECT_EQ(ds.deserializers[1].streams[0].dim, 132u);
   EXPECT_EQ(ds.deserializers[1].streams[0].label_mapping_file, SpeechDir() + "/state.list");
-  // Its features (Features/000000000.chunk) are not in testdata: opening names the file.
+  // Its features (Features/000000000.chunk) are not in tests/data: opening names the file.
   auto open = Dataset::Open(ds);
   ASSERT_FALSE(open.ok());
   EXPECT_NE(open.status().message().find("000000000.chunk"), std::string::npos) << open.status();

@@ -1,5 +1,5 @@
 // Kaldi tables against what Kaldi's own readers return (tests/data/kaldi: CASES.tsv and
-// gt/*.gt, README section 3): every case's keys, shapes and values, bit for bit, for float and
+// gt/*.gt, tests/data/README.md): every case's keys, shapes and values, bit for bit, for float and
 // double readers, ark and scp, binary, text and compressed (CM, CM2, CM3) objects, ranges and
 // int32 vectors; Kaldi's errors as errors. Where conveyor deliberately reads more than Kaldi
 // (`[,c1:c2]`, "-inf" in text, the empty-CM leftover bytes) the test says so and checks the

@@ -128,7 +128,7 @@ TEST(AssemblyProgram, HostProgramAssemblerRefusesASmallSlot) {
 namespace conveyor::gpu {
 namespace {
 
-// Frames 3..10 of a CM matrix (testdata's cm_auto.ark, first entry) in rows 0..7 become one
+// Frames 3..10 of a CM matrix (tests/data/kaldi/cm_auto.ark, first entry) in rows 0..7 become one
 // decode op (one column-header block, eight-byte column runs); a gap starts another, and a
 // run shorter than kCm1DeviceMinRows is decoded on the host. Both programs, run on the host,
 // give the CPU decoder's bytes.

@@ -1,4 +1,4 @@
-// One interface, two backends, one test (STYLE.md 11): every standard generated batch is
+// One interface, two backends, one test: every standard generated batch is
 // assembled by the CPU reference and by each backend here, and the bytes must agree. The
 // host-program backend runs everywhere; the CUDA ones skip without a device.
 #include <cstdio>

@@ -1,6 +1,6 @@
 // Kaldi compressed matrices decoded on the device give bit for bit the floats of the CPU
 // decoder (itself checked against Kaldi in kaldi_golden_test): every CM/CM2/CM3 matrix in
-// testdata/kaldi, and random matrices of each kind covering every byte value.
+// tests/data/kaldi, and random matrices of each kind covering every byte value.
 #include <cstring>
 #include <filesystem>
 #include <random>

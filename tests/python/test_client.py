@@ -238,7 +238,7 @@ KALDI = os.path.join(SOURCE, "tests", "data", "kaldi")
 
 
 def read_gt(name):
-    """Kaldi's own decoding (testdata/kaldi/gt): key -> float32 matrix or int32 vector."""
+    """Kaldi's own decoding (tests/data/kaldi/gt): key -> float32 matrix or int32 vector."""
     out = {}
     with open(os.path.join(KALDI, "gt", name)) as f:
         lines = f.readlines()

@@ -1,5 +1,5 @@
 // ctf_indexer.h: one pass over a CNTK Text Format file that finds its sequences (CNTK's
-// TextInputIndexBuilder rules, see the seed page and testdata/cntk/README.md section 2.2):
+// TextInputIndexBuilder rules, Source/Readers/ReaderLib/IndexBuilder.cpp in CNTK's repository):
 //  - per-line mode when skipSequenceIds is set or the first non-space character of the file
 //    is '|': every line is a one-row sequence keyed by its 0-based line number;
 //  - otherwise a line starts a new sequence when it begins with a numeric id different from

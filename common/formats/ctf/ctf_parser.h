@@ -1,5 +1,6 @@
 // ctf_parser.h: parses the sequences of one chunk of a CNTK Text Format file into a
-// ParsedChunk (the seed page's grammar; CNTK's TextParser where the page is silent):
+// ParsedChunk (the grammar of CNTK's "BrainScript CNTK Text Format Reader" page; CNTK's
+// TextParser where the page is silent):
 //   row      := [digits] (delimiter | '|' name values | '|#' comment)* '\n'
 //   delimiter: space, tab, and control characters other than '\n' (so '\r' too)
 //   dense    := real*          (fewer than dim values: zero-padded, with a warning)

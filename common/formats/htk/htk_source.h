@@ -1,5 +1,6 @@
 // htk_source.h: HTK features listed in scp files and labels in MLF files, as CNTK's HTK
-// deserializers read them (seeds/htk-mlf-reader.md, testdata/cntk/README.md section 8).
+// deserializers read them (CNTK's "BrainScript HTKMLF Reader" page and
+// Source/Readers/HTKDeserializers/ in CNTK's repository; the HTK Book for headers and MLFs).
 //
 // scp lines: `path`, `id=path` or `id=path[s,e]` (inclusive frames, into archives); `.../`
 // at the start of a path means the scp file's directory. The key is the id (or path) without

@@ -2,7 +2,7 @@
 // decoder (kaldi_object.cc) and the CUDA kernels (cuda/kaldi_cm_device.cu), so both give
 // the same floats. Bit-exact only when compiled without FMA contraction (host:
 // -ffp-contract=off; device: --fmad=false): the operations below are Kaldi's, in Kaldi's
-// order, with Kaldi's float/double conversions (testdata/kaldi/README.md section 4.5).
+// order, with Kaldi's float/double conversions (Kaldi's matrix/compressed-matrix.cc).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// kaldi_object.h: one Kaldi object as Kaldi's table holders write it (seeds/kaldi-io.md,
-// testdata/kaldi/README.md section 4): binary (`\0B` marker) or text; float/double matrices
+// kaldi_object.h: one Kaldi object as Kaldi's table holders write it ("Kaldi I/O
+// mechanisms"; tests/data/kaldi): binary (`\0B` marker) or text; float/double matrices
 // (FM, DM) and vectors (FV, DV); compressed matrices (CM, CM2, CM3); int32 vectors
 // (alignments, every element with its own size byte). Scanning checks every length against
 // the bytes available and parses text completely, so that decoding a scanned object cannot

@@ -1,4 +1,5 @@
-// Configuration loading: YAML, JSON and CNTK BrainScript reader blocks as the seed page writes them.
+// Configuration loading: YAML, JSON and CNTK BrainScript reader blocks as CNTK's documentation
+// writes them.
 #include <string>
 
 #include "common/config/config_loader.h"
@@ -80,7 +81,7 @@ reader = [
 ]
 # the rest of the cntk config ...
 )", "r.cntk", "");
-  ASSERT_FALSE(c.ok());  // the seed's `...` line is prose, not BrainScript
+  ASSERT_FALSE(c.ok());  // the documentation's `...` line is prose, not BrainScript
   auto ok = ParseConfig(R"(reader = [
     readerType = "CNTKTextFormatReader"
     file = "c:\mydata\SampleInput.txt" # See the second example for Linux path example
@@ -170,8 +171,8 @@ reader = [
   EXPECT_EQ(cd.deserializers[0].streams[2].alias, "wij");
 }
 
-// The seed's HTKMLFReader block: frames by default (htk-mlf-reader.md), utterances when
-// frameMode is false or truncated BPTT is asked for.
+// The documented HTKMLFReader block ("BrainScript HTKMLF Reader"): frames by default,
+// utterances when frameMode is false or truncated BPTT is asked for.
 TEST(Config, HtkMlfReaderBlocksReadFramesUnlessToldOtherwise) {
   auto frame_mode = [](const std::string& extra) {
     auto c = ParseConfig(std::string(R"(

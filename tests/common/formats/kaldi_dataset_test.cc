@@ -159,7 +159,7 @@ datasets:
 // chunks (for the CUDA assembler to decode on the device); the CPU assembler decodes them as
 // it copies. Every batch is the one decoding at parse time gives: utterances and frames,
 // randomized, float and double, whole matrices and scp row/column ranges, every CM case of
-// testdata (1-byte CM with all its column-header forms, CM2, CM3, edge shapes).
+// tests/data/kaldi (1-byte CM with all its column-header forms, CM2, CM3, edge shapes).
 TEST(KaldiDataset, CompressedMatricesLeftCompressedDeliverTheSameBatches) {
   TempDir dir;
   // Ranges into cm_auto.ark: rows, columns, both (its matrices are 40 wide).
