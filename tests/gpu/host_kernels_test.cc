@@ -189,6 +189,46 @@ TEST_P(HostKernels, SparseCtfThroughTheLoaderMatchesTheCpuLoader) {
                                                               MemoryKind::kHost);
 }
 
+// int64 colptr (a CSC stream past INT32_MAX entries, too large to generate): a program made
+// by hand, 3 columns of 2, 0 and 3 entries, the second piece split in two ops.
+TEST_P(HostKernels, CscPiecesWithAnInt64ColptrLandWhereItSays) {
+  AssemblyProgram prog;
+  prog.value_bytes = 4;
+  const uint64_t colptr = 0, rowind = 64, values = 128;
+  prog.slot_bytes = 192;
+  const int64_t counts[4] = {2, 0, 3, 0};
+  const int32_t rows[5] = {7, 1, 4, 4, 9};
+  const float vals[5] = {0.5f, 1.5f, 2.5f, 3.5f, 4.5f};
+  prog.host_arrays.resize(128);
+  std::memcpy(prog.host_arrays.data(), counts, sizeof(counts));
+  std::memcpy(prog.host_arrays.data() + 64, rows, sizeof(rows));
+  std::memcpy(prog.host_arrays.data() + 96, vals, sizeof(vals));
+  prog.scans.push_back({0, 3, colptr, 1, 0});
+  CscPieceOp op;
+  op.colptr = colptr, op.rowind = rowind, op.values = values, op.wide = 1;
+  op.src_rowind = 64, op.src_values = 96, op.nnz = 2, op.first_col = 0;
+  prog.csc_pieces.push_back(op);
+  op.src_rowind = 64 + 8, op.src_values = 96 + 8, op.nnz = 2, op.first_col = 1;  // entries 0-1 of piece 2
+  prog.csc_pieces.push_back(op);
+  op.src_rowind += 8, op.src_values += 8, op.nnz = 1, op.skip = 2;  // its entry 2
+  prog.csc_pieces.push_back(op);
+  prog.payload_bytes = prog.csc_pieces_at = 128;
+  prog.scatters_at = prog.decodes_at = prog.staging_bytes = 128 + 3 * sizeof(CscPieceOp);
+  std::vector<std::byte> staging(prog.staging_bytes + 16), slot(prog.slot_bytes, std::byte{0xAB});
+  std::byte* at = staging.data() + (16 - reinterpret_cast<uintptr_t>(staging.data()) % 16) % 16;
+  PackStaging(prog, at);
+  RunProgramOnHost(prog, at, nullptr, slot.data(), launch());
+  int64_t got_colptr[4];
+  int32_t got_rows[5];
+  float got_vals[5];
+  std::memcpy(got_colptr, slot.data() + colptr, sizeof(got_colptr));
+  std::memcpy(got_rows, slot.data() + rowind, sizeof(got_rows));
+  std::memcpy(got_vals, slot.data() + values, sizeof(got_vals));
+  EXPECT_EQ(std::vector<int64_t>(got_colptr, got_colptr + 4), (std::vector<int64_t>{0, 2, 2, 5}));
+  EXPECT_EQ(std::vector<int32_t>(got_rows, got_rows + 5), std::vector<int32_t>(rows, rows + 5));
+  EXPECT_EQ(std::vector<float>(got_vals, got_vals + 5), std::vector<float>(vals, vals + 5));
+}
+
 // Every standard case begun at once through the pipelined host program, each fence then the
 // CPU's bytes.
 TEST_P(HostKernels, EveryCaseBegunAtOnceCompletesAtItsFence) {
