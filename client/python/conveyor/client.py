@@ -226,6 +226,7 @@ class Subscription:
 
     def _open(self):
         self._segments = {}  # a new stream announces its own segments
+        cuda_ipc.wait_released(held for _, held in self._releasing)  # readers of the old blocks first
         self._blocks = {}
         self._requests = queue.Queue()
         first = pb.StreamRequest()
