@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test: install, build, run the unit and integration tests (ctest), then each libFuzzer
-# harness for a short time (clang build in build-fuzz/). Exits non-zero on any failure.
+# Every test: install, build, run the unit and integration tests (ctest), then, in the
+# sanitized clang build (build-fuzz/), the CUDA kernels' code on the host executor under ASan
+# and UBSan and each libFuzzer harness for a short time. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
