@@ -8,6 +8,8 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -115,6 +118,19 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--index-threads", f->index_threads, "Threads for indexing at startup (default: all cores)")
       ->check(CLI::Range(0, 1024));
 }
+
+// Removes the reflection plugin from a server.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
 
 // What the slow half of startup produces for the fast half.
 struct Prepared {
@@ -257,9 +273,11 @@ int Serve(Prepared p, const sigset_t& signals) {
   const bool token = !options.token.empty();
   conveyor::LoaderService service(std::move(p.registry), options);
   grpc::EnableDefaultHealthCheckService(true);
-  // Reflection cannot check the token: it answers only where every call is allowed.
-  if (!token) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Reflection cannot check the token: it answers only where every call is allowed. (Linking
+  // the plugin registers it for every builder; this option takes it out again.)
+  if (token) builder.SetOption(std::make_unique<WithoutReflection>());
   // gRPC binds with SO_REUSEPORT by default: a second daemon would share the port with a
   // live one and take half its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -43,6 +43,16 @@ const std::vector<std::string> kStreamKeys = {
     "alias", "dim", "format", "definesMBSize", "scpFile", "mlfFile", "labelMappingFile", "labelDim",
     "frameShift", "contextWindow", "type", "labelType"};
 
+}  // namespace
+
+const ConfigKeys& KnownConfigKeys() {
+  static const ConfigKeys* keys =
+      new ConfigKeys{kTopKeys, kTlsKeys, kServerKeys, kDatasetKeys, kDeserializerKeys, kStreamKeys};
+  return *keys;
+}
+
+namespace {
+
 std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
