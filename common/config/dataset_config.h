@@ -8,12 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/config/stream_types.h"
+
 namespace conveyor {
-
-enum class StreamFormat { kDense, kSparse, kIds };
-enum class Precision { kFloat, kDouble };
-
-const char* StreamFormatName(StreamFormat f);
 
 // One input stream of a deserializer.
 struct StreamConfig {
