@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/progress.h"
+#include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
 #include "cuda/cuda_backend.h"
 
@@ -54,6 +55,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& c
   return ds;
 }
 
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  AppendJsonStringBody(s, &out);
+  return out;
+}
+
 absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value) {
   const std::string v = absl::AsciiStrToLower(value);
   if (v == "on" || v == "true" || v == "yes" || v == "1") return true;
@@ -96,7 +103,7 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
   return r;
 }
 
-void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
+void AddStreamOptions(CLI::App* cmd, StreamArgs* a, bool in_process) {
   cmd->add_option("--randomize", a->randomize,
                   "on|off: block randomization (default: the dataset's randomize, true in CNTK)");
   cmd->add_option("--seed", a->seed, "Randomization seed (default: randomizationSeed); sweep k uses seed + k");
@@ -127,13 +134,18 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
   cmd->add_option("--layout", a->layouts,
                   "STREAM=csc|csr|dense: deliver a sparse stream as CSC (its native layout), CSR or a dense "
                   "array (repeat for several streams)");
+  const std::string group = in_process ? "Options" : "";  // "": hidden from --help
   cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(1, 256))
+      ->group(group);
   cmd->add_option("--assembler", a->assembler,
                   "Who assembles batches: cpu (default) or cuda (GPU kernels; identical bytes; without a usable "
                   "device the CPU serves and one line on stderr says why)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--device", a->device, "CUDA device for --assembler cuda (default 0)")->check(CLI::Range(0, 1023));
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->group(group);
+  cmd->add_option("--device", a->device, "CUDA device for --assembler cuda (default 0)")
+      ->check(CLI::Range(0, 1023))
+      ->group(group);
 }
 
 absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const std::string& dataset,

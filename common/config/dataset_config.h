@@ -8,12 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/config/stream_types.h"
+
 namespace conveyor {
-
-enum class StreamFormat { kDense, kSparse, kIds };
-enum class Precision { kFloat, kDouble };
-
-const char* StreamFormatName(StreamFormat f);
 
 // One input stream of a deserializer.
 struct StreamConfig {
@@ -83,6 +80,9 @@ struct Config {
   std::string listen;  // daemon address; empty: the daemon's default
   std::string tls_cert, tls_key;  // PEM files (resolved) for TLS on TCP; empty: plaintext
   std::string token_file;         // bearer token required on TCP; empty: none
+  // TCP on an address other than loopback without a token is refused unless this is set
+  // (`insecure: true`): anyone who reaches the port could read every dataset.
+  bool insecure = false;
   struct Server {                 // daemon limits (`server:`); 0: the daemon's default
     int parser_threads = 0;             // parser pool shared by every subscription
     int parser_threads_per_stream = 0;  // chunks one subscription parses at once
@@ -95,6 +95,9 @@ struct Config {
     uint64_t staging_bytes = 0;
     uint64_t min_slot_bytes = 0;
     double slot_headroom = 0;
+    // Permission bits of the unix socket (and its descriptor socket): 0600 by default (the
+    // daemon's user only); 0660 lets a shared group's trainers in.
+    int unix_socket_mode = -1;  // -1: the daemon's default (0600)
   } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print
