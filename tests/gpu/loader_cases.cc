@@ -1,6 +1,8 @@
 // The whole loader through an assembler, against the CPU loader (loader_cases.h).
 #include "tests/gpu/loader_cases.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <deque>
 #include <string>
@@ -15,6 +17,24 @@ using gpu::CopyMemory;
 using gpu::MemoryKind;
 using gpu::Slot;
 using gpu::SlotPool;
+
+namespace {
+
+// Removes the files it was given when the process ends (the datasets read them until then).
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const std::string& p : paths) std::remove(p.c_str());
+  }
+};
+
+std::string ProcessTempFile(const std::string& stem) {
+  static TempFiles files;
+  files.paths.push_back(::testing::TempDir() + "/" + stem + "." + std::to_string(getpid()));
+  return files.paths.back();
+}
+
+}  // namespace
 
 void ExpectPipelinedLoaderMatchesTheCpuLoader(const DatasetConfig& config, const DatasetOpenOptions& open,
                                               const LoaderOptions& lo, BatchAssembler* assembler, MemoryKind kind) {
@@ -62,7 +82,9 @@ void ExpectPipelinedLoaderMatchesTheCpuLoader(const DatasetConfig& config, const
 }
 
 DatasetConfig CtfConfig() {
-  const std::string path = ::testing::TempDir() + "/conveyor_gpu_loader.ctf";
+  // One file per process: ctest runs tests in parallel, and rewriting a file another process
+  // has mapped would fault there.
+  const std::string path = ProcessTempFile("conveyor_gpu_loader.ctf");
   std::FILE* f = std::fopen(path.c_str(), "w");
   for (int i = 0; f != nullptr && i < 3000; ++i) {
     const int len = 1 + i % 5;
@@ -96,7 +118,8 @@ namespace {
 std::vector<DatasetConfig> CompressedKaldiConfigs() {
   std::vector<DatasetConfig> out;
   const std::string kaldi = TestdataDir() + "/kaldi";
-  const std::string ranges = ::testing::TempDir() + "/conveyor_gpu_cm_ranges.scp";
+  // (Per process, as above.)
+  const std::string ranges = ProcessTempFile("conveyor_gpu_cm_ranges.scp");
   if (std::FILE* f = std::fopen(ranges.c_str(), "w")) {
     std::fprintf(f, "r1 %s/cm_auto.ark:14[2:10,3:12]\nr2 %s/cm_auto.ark:1169[0:30,3:12]\n", kaldi.c_str(), kaldi.c_str());
     std::fclose(f);
