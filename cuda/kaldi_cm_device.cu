@@ -20,11 +20,16 @@ struct DeviceCmDecoder::Impl {
   CudaBuffer pinned{true}, staging{false};
 
   ~Impl() {
-    cudaSetDevice(device);  // the buffers and the stream are this device's, whichever thread destroys us
+    // The buffers and the stream are this device's, whichever thread destroys the decoder.
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
     pinned.Free();
     staging.Free();
     if (stream != nullptr) cudaStreamDestroy(stream);
+    if (restore) cudaSetDevice(previous);
+    cudaGetLastError();
   }
 };
 

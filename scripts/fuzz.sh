@@ -20,7 +20,7 @@ if ! build-fuzz/tests/conveyor_kernel_tests --gtest_brief=1 > build-fuzz/conveyo
   echo "conveyor: conveyor_kernel_tests failed under the sanitizers (build-fuzz/conveyor_kernel_tests.log)" >&2
   exit 1
 fi
-echo "conveyor: $(grep -E '^\[  PASSED  \]' build-fuzz/conveyor_kernel_tests.log) in $((SECONDS - start)) s"
+echo "conveyor: conveyor_kernel_tests: $(grep -oE '^\[  PASSED  \] [0-9]+' build-fuzz/conveyor_kernel_tests.log | grep -oE '[0-9]+$') passed in $((SECONDS - start)) s"
 for f in "${fuzzers[@]}"; do
   corpus="build-fuzz/corpus-$f"
   mkdir -p "$corpus"
