@@ -140,6 +140,8 @@ std::vector<CaseSpec> StandardCases() {
   add("bptt_double_dense_sparse", 7, Mode::kBptt, 11, d, {{F::kDense, 3}, {F::kSparse, 12, L::kDense, 0.3, 5}}, 0.2);
   // Many repeated indices in a sample: a CSR row's order for them is the CSC order.
   add("sparse_csr_repeats", 64, Mode::kSequence, 5, f, {{F::kSparse, 5, L::kCsr, 0.1, 40}});
+  // One row: no radix pass at all (every entry is in row 0).
+  add("sparse_csr_one_row", 12, Mode::kFrame, 1, f, {{F::kSparse, 1, L::kCsr, 0.2, 3}});
   // Rows past 2^20: three radix passes in the CSR transpose.
   add("sparse_csr_wide_double", 40, Mode::kFrame, 1, d, {{F::kSparse, (1 << 20) + 3, L::kCsr, 0.2, 12}});
   // Pieces past kCscPieceEntries entries, and sparse-as-dense samples past
