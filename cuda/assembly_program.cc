@@ -50,7 +50,10 @@ constexpr uint64_t kCm1Data = 2 + 3 + 16, kCm23Data = 2 + 4 + 16;
 
 }  // namespace
 
-absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+namespace {
+
+// The program of a batch without narrowed values.
+absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
   if (pieces.size() != plan.pieces.size() || plan.counts.size() != pieces.size() * plan.streams.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the batch plan has ", plan.pieces.size(), " pieces; ",
                                                    pieces.size(), " were given"));
@@ -336,6 +339,24 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
   return prog;
 }
 
+}  // namespace
+
+absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  if (!NarrowsValues(plan)) return BuildProgramFor(plan, pieces);
+  // The float32 twin in scratch, then narrowed into the slot (value_conversion.h).
+  const BatchPlan wide = WidePlan(plan);
+  absl::StatusOr<AssemblyProgram> prog = BuildProgramFor(wide, pieces);
+  if (!prog.ok()) return prog;
+  prog->wide_at = Align(prog->scratch_bytes, kArrayAlignment);
+  prog->wide_bytes = wide.total_bytes;
+  prog->scratch_bytes = prog->wide_at + wide.total_bytes;
+  prog->slot_bytes = plan.total_bytes;
+  prog->narrows = NarrowOps(wide, plan);
+  prog->narrows_at = prog->staging_bytes;
+  prog->staging_bytes = Align(prog->narrows_at + prog->narrows.size() * sizeof(NarrowOp), 16);
+  return prog;
+}
+
 void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   if (!prog.host_arrays.empty()) std::memcpy(staging, prog.host_arrays.data(), prog.host_arrays.size());
   for (const HostPack& p : prog.packs) std::memcpy(staging + p.dst, p.src, p.bytes);
@@ -345,6 +366,7 @@ void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   }
   if (!prog.scatters.empty()) std::memcpy(staging + prog.scatters_at, prog.scatters.data(), prog.scatters.size() * sizeof(ScatterOp));
   if (!prog.decodes.empty()) std::memcpy(staging + prog.decodes_at, prog.decodes.data(), prog.decodes.size() * sizeof(DecodeOp));
+  if (!prog.narrows.empty()) std::memcpy(staging + prog.narrows_at, prog.narrows.data(), prog.narrows.size() * sizeof(NarrowOp));
 }
 
 }  // namespace conveyor::gpu

@@ -11,6 +11,8 @@
 //   5. dense-scatter ops sum a sparse sample's entries into its dense column, in file order;
 //   6. decode ops expand Kaldi compressed matrices' rows into dense values;
 //   7. CSR streams are transposed from a CSC built in scratch memory (a stable radix sort).
+// A batch whose values are narrowed to float16/bfloat16 (value_conversion.h) is assembled as
+// its float32 twin in scratch memory, then narrowed into the slot (8. NarrowKernel).
 // Long work is split into bounded descriptors (program_ops.h) so that many blocks share it.
 // The same kernels run on the host through the host executor (host_program.h), tested
 // against the CPU assembler byte for byte. Pure C++: builds without CUDA.
@@ -25,6 +27,7 @@
 #include "absl/types/span.h"
 #include "common/batch/assembler.h"
 #include "common/batch/batch_layout.h"
+#include "common/batch/value_conversion.h"
 #include "cuda/kernels/program_ops.h"
 
 namespace conveyor::gpu {
@@ -58,14 +61,19 @@ struct AssemblyProgram {
   // Rows of compressed matrices decoded on the host instead (a CM run too short to be worth
   // its column headers), packed from here like any chunk data.
   std::vector<std::vector<std::byte>> host_decoded;
+  // Narrowed values: steps 1-7 build the float32 twin (wide_bytes) at scratch offset wide_at,
+  // then the narrow ops fill the slot from it. Empty otherwise.
+  std::vector<NarrowOp> narrows;
+  uint64_t wide_at = 0, wide_bytes = 0;
   // Staging offsets of the descriptor arrays (after the payload), for the kernels.
-  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0;
+  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0, narrows_at = 0;
 };
 
 // What programs run so far did (CudaAssembler::stats(), the host executor, gpu_bench).
 struct ProgramStats {
   uint64_t programs = 0, launches = 0, scans = 0;
   uint64_t copy_items = 0, csc_piece_ops = 0, scatter_ops = 0, decode_ops = 0, decoded_values = 0, transposes = 0;
+  uint64_t narrow_ops = 0;
 };
 
 // Builds the program for `plan` (made from `pieces`). Errors: InvalidArgument (pieces do not

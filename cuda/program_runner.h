@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "cuda/assembly_program.h"
 #include "cuda/kernels/assembly_kernels.h"
+#include "cuda/kernels/narrow_kernel.h"
 #include "cuda/kernels/transpose_kernels.h"
 
 namespace conveyor::gpu {
@@ -113,9 +114,21 @@ absl::Status RunProgram(const AssemblyProgram& prog, const std::byte* staging, s
   stats->decode_ops += prog.decodes.size();
   for (const DecodeOp& op : prog.decodes) stats->decoded_values += uint64_t{op.rows} * op.cols;
   stats->transposes += prog.transposes.size();
+  stats->narrow_ops += prog.narrows.size();
+  if (prog.narrows.empty()) {
+    if (absl::Status st = backend.Zero(slot, prog.slot_bytes); !st.ok()) return st;
+    if (prog.value_bytes == 4) return program_runner_internal::RunKernels<float>(prog, staging, scratch, slot, backend, stats);
+    return program_runner_internal::RunKernels<double>(prog, staging, scratch, slot, backend, stats);
+  }
+  // Narrowed values (float data only): the float32 twin in scratch, then narrowed.
+  std::byte* wide = scratch + prog.wide_at;
+  if (absl::Status st = backend.Zero(wide, prog.wide_bytes); !st.ok()) return st;
+  if (absl::Status st = program_runner_internal::RunKernels<float>(prog, staging, scratch, wide, backend, stats); !st.ok()) {
+    return st;
+  }
   if (absl::Status st = backend.Zero(slot, prog.slot_bytes); !st.ok()) return st;
-  if (prog.value_bytes == 4) return program_runner_internal::RunKernels<float>(prog, staging, scratch, slot, backend, stats);
-  return program_runner_internal::RunKernels<double>(prog, staging, scratch, slot, backend, stats);
+  const NarrowKernel k{reinterpret_cast<const NarrowOp*>(staging + prog.narrows_at), prog.narrows.size(), wide, slot};
+  return program_runner_internal::Launch(backend, k, prog.narrows.size(), "NarrowKernel", stats);
 }
 
 }  // namespace conveyor::gpu

@@ -28,6 +28,10 @@ v1::DType ToProto(DType t) {
       return v1::DTYPE_INT64;
     case DType::kUInt8:
       return v1::DTYPE_UINT8;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
   }
   return v1::DTYPE_FLOAT32;
 }
@@ -89,6 +93,12 @@ absl::StatusOr<ArrayDesc> ArrayFromProto(const v1::ArrayRef& a, uint64_t total, 
       break;
     case v1::DTYPE_UINT8:
       out.dtype = DType::kUInt8;
+      break;
+    case v1::DTYPE_FLOAT16:
+      out.dtype = DType::kFloat16;
+      break;
+    case v1::DTYPE_BFLOAT16:
+      out.dtype = DType::kBFloat16;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));

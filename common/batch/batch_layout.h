@@ -51,12 +51,20 @@ struct PieceRef {
 
 // Plans the batch of `pieces` (all from chunks parsed with `streams` and `precision`).
 // `layouts` is empty (all native) or one per stream; only sparse streams take kCsr/kDense.
+// `value_dtypes` is empty (all native) or one per stream: the native type (kFloat32 for float
+// precision, kFloat64 for double), or kFloat16/kBFloat16 for a float dataset's dense or
+// sparse values (value_conversion.h says how the assemblers narrow them).
 // Errors: InvalidArgument when a frame-mode piece has several samples, a piece falls
 // outside its row in BPTT, streams of a BPTT piece differ in length, a layout does not
 // apply to its stream; ResourceExhausted past kMaxBatchBytes.
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
-                                    absl::Span<const OutputLayout> layouts = {});
+                                    absl::Span<const OutputLayout> layouts = {},
+                                    absl::Span<const DType> value_dtypes = {});
+
+// Checks that the values of a stream of `format` in `precision` may be delivered as `dtype`
+// (float16 or bfloat16, float precision, not ids). The message names the stream.
+absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Precision precision, DType dtype);
 
 // Checks that `layout` applies to a stream of `format` (message names the stream).
 absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout);

@@ -13,7 +13,8 @@
 
 namespace conveyor {
 
-enum class DType : uint8_t { kFloat32 = 0, kFloat64 = 1, kInt32 = 2, kInt64 = 3, kUInt8 = 4 };
+// kFloat16 and kBFloat16 hold 16-bit patterns (half.h) for values a subscriber asked narrowed.
+enum class DType : uint8_t { kFloat32 = 0, kFloat64 = 1, kInt32 = 2, kInt64 = 3, kUInt8 = 4, kFloat16 = 5, kBFloat16 = 6 };
 size_t DTypeSize(DType t);
 const char* DTypeName(DType t);
 

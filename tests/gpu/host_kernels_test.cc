@@ -263,3 +263,103 @@ TEST_P(HostKernels, EveryCaseBegunAtOnceCompletesAtItsFence) {
 
 }  // namespace
 }  // namespace conveyor::gpu
+
+namespace conveyor::gpu {
+namespace {
+
+// Per stream of `c`: float16 for even streams, bfloat16 for odd ones (ids keep int32).
+std::vector<DType> Narrowed(const conveyor::testing::BatchCase& c) {
+  std::vector<DType> out;
+  for (size_t s = 0; s < c.streams.size(); ++s) {
+    out.push_back(c.streams[s].format == StreamFormat::kIds ? DType::kFloat32
+                                                            : (s % 2 == 0 ? DType::kFloat16 : DType::kBFloat16));
+  }
+  return out;
+}
+
+// The CPU assembler's narrowed batch, checked against its own float32 batch independently of
+// the narrowing code: every array but the values byte for byte, the values converted one by
+// one with half.h, and every other byte zero.
+TEST(NarrowedValues, TheCpuAssemblerConvertsEachValueOfTheFloat32Batch) {
+  uint64_t checked = 0;
+  for (const auto& spec : conveyor::testing::StandardCases()) {
+    if (spec.precision != Precision::kFloat) continue;
+    SCOPED_TRACE(spec.name);
+    auto c = conveyor::testing::MakeBatchCase(spec, 31);
+    auto native = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+    auto narrow = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, Narrowed(c));
+    ASSERT_TRUE(native.ok() && narrow.ok()) << native.status() << narrow.status();
+    std::vector<std::byte> want(native->total_bytes), got(narrow->total_bytes, std::byte{0xAB});
+    ASSERT_TRUE(MakeCpuAssembler()->Assemble(*native, c.pieces, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE(MakeCpuAssembler()->Assemble(*narrow, c.pieces, absl::MakeSpan(got)).ok());
+    std::vector<bool> covered(got.size(), false);
+    auto same = [&](const ArrayDesc& from, const ArrayDesc& to) {
+      if (!to.present()) return;
+      ASSERT_EQ(from.bytes, to.bytes);
+      EXPECT_EQ(std::memcmp(want.data() + from.offset, got.data() + to.offset, to.bytes), 0);
+      for (uint64_t i = 0; i < to.bytes; ++i) covered[to.offset + i] = true;
+    };
+    same(native->mask, narrow->mask);
+    same(native->flags, narrow->flags);
+    for (size_t s = 0; s < narrow->streams.size(); ++s) {
+      const StreamLayout& a = native->streams[s];
+      const StreamLayout& b = narrow->streams[s];
+      same(a.lengths, b.lengths);
+      same(a.colptr, b.colptr);
+      same(a.rowind, b.rowind);
+      same(a.rowptr, b.rowptr);
+      same(a.colind, b.colind);
+      if (b.values.dtype != DType::kFloat16 && b.values.dtype != DType::kBFloat16) {
+        same(a.values, b.values);
+        continue;
+      }
+      ASSERT_EQ(a.values.bytes, 2 * b.values.bytes);
+      for (uint64_t i = 0; i < b.values.bytes / 2; ++i) {
+        float v;
+        uint16_t h;
+        std::memcpy(&v, want.data() + a.values.offset + 4 * i, 4);
+        std::memcpy(&h, got.data() + b.values.offset + 2 * i, 2);
+        ASSERT_EQ(h, b.values.dtype == DType::kFloat16 ? FloatToHalfBits(v) : FloatToBFloat16Bits(v)) << "value " << i;
+        covered[b.values.offset + 2 * i] = covered[b.values.offset + 2 * i + 1] = true;
+        ++checked;
+      }
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (!covered[i]) {
+        ASSERT_EQ(got[i], std::byte{0}) << "gap byte " << i;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100000u);
+}
+
+TEST_P(HostKernels, NarrowedValuesMatchTheCpuAssembler) {
+  ProgramStats stats;
+  for (const auto& spec : conveyor::testing::StandardCases()) {
+    if (spec.precision != Precision::kFloat) continue;
+    SCOPED_TRACE(spec.name);
+    auto c = conveyor::testing::MakeBatchCase(spec, 32);
+    auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, Narrowed(c));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<std::byte> want(plan->total_bytes), got(plan->total_bytes, std::byte{0xAB});
+    ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, c.pieces, absl::MakeSpan(want)).ok());
+    absl::Status st = MakeHostProgramAssembler(launch(), &stats)->Assemble(*plan, c.pieces, absl::MakeSpan(got));
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectSameBytes(got, want);
+  }
+  EXPECT_GT(stats.narrow_ops, 0u);
+}
+
+TEST(NarrowedValues, OnlyFloatValuesOfAFloatDatasetNarrow) {
+  auto c = conveyor::testing::MakeBatchCase(conveyor::testing::StandardCases()[0], 1);
+  std::vector<DType> ask(c.streams.size(), DType::kFloat16);
+  auto dbl = PlanBatch(c.streams, Precision::kDouble, c.shape, c.pieces, c.layouts, ask);
+  EXPECT_FALSE(dbl.ok());
+  std::vector<DType> bad(c.streams.size(), DType::kInt64);
+  EXPECT_FALSE(PlanBatch(c.streams, Precision::kFloat, c.shape, c.pieces, c.layouts, bad).ok());
+  EXPECT_FALSE(CheckValueDType("ali", StreamFormat::kIds, Precision::kFloat, DType::kFloat16).ok());
+  EXPECT_TRUE(CheckValueDType("x", StreamFormat::kSparse, Precision::kFloat, DType::kBFloat16).ok());
+}
+
+}  // namespace
+}  // namespace conveyor::gpu
