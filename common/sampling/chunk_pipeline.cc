@@ -95,7 +95,8 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
   std::unique_lock<std::mutex> lock(mu_);
   auto it = entries_.find(ticket);
   if (it == entries_.end()) return absl::InternalError("unknown chunk ticket");
-  done_cv_.wait(lock, [&] { return it->second.done; });
+  done_cv_.wait(lock, [&] { return it->second.done || cancelled_; });
+  if (cancelled_) return absl::CancelledError("the stream was cancelled");
   if (!it->second.taken) {
     it->second.taken = true;
     if (it->second.counted) {  // a job may now run one chunk further ahead
@@ -115,6 +116,13 @@ void ChunkPipeline::Release(uint64_t ticket) {
   if (it->second.counted && !it->second.taken) --ahead_;
   entries_.erase(it);
   Schedule();
+}
+
+void ChunkPipeline::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  stop_ = true;  // no further parse jobs start; the destructor still waits for running ones
+  done_cv_.notify_all();
 }
 
 uint64_t ChunkPipeline::chunks_parsed() const {

@@ -40,8 +40,12 @@ class ChunkPipeline {
 
   // Schedules `chunk_id`; returns its ticket (tickets count up from 0).
   uint64_t Enqueue(uint64_t chunk_id);
-  // Waits for the ticket's chunk. Errors: the parse error (DataLoss beyond maxErrors).
+  // Waits for the ticket's chunk. Errors: the parse error (DataLoss beyond maxErrors);
+  // Cancelled once Cancel() was called.
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t ticket);
+  // Thread-safe: wakes every Get() with Cancelled and starts no more parses (those running
+  // finish their chunk).
+  void Cancel();
   // The consumer is done with the ticket.
   void Release(uint64_t ticket);
 
@@ -77,6 +81,7 @@ class ChunkPipeline {
   uint64_t chunks_parsed_ = 0;
   double parse_seconds_ = 0;
   bool stop_ = false;
+  bool cancelled_ = false;
 };
 
 }  // namespace conveyor
