@@ -21,6 +21,7 @@
 #include "common/mapped_file.h"
 #include "cuda/cuda_backend.h"
 #include "server/loader_service.h"
+#include "server/server_builder.h"
 
 namespace {
 
@@ -186,6 +187,7 @@ int main(int argc, char** argv) {
     }
     if (tls_cert.empty()) std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
   }
+  conveyor::ApplyMemoryBudgets(config->server, &options);
   conveyor::LoaderService service(std::move(*registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -197,6 +199,7 @@ int main(int argc, char** argv) {
     if (::lstat(unix_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(unix_path.c_str());  // stale
     builder.AddListeningPort("unix:" + unix_path, grpc::InsecureServerCredentials());
   }
+  conveyor::ConfigureServerBuilder(&builder, options);
   builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

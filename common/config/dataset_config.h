@@ -95,6 +95,11 @@ struct Config {
     uint64_t staging_bytes = 0;
     uint64_t min_slot_bytes = 0;
     double slot_headroom = 0;
+    // Memory budgets (0: the daemon's defaults): one subscription's batches in flight, every
+    // subscription's together, parsed chunks of every dataset.
+    uint64_t subscription_bytes = 0;
+    uint64_t in_flight_bytes = 0;
+    uint64_t chunk_cache_bytes = 0;
   } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print

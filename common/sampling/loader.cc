@@ -26,6 +26,7 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
   po.threads = options.threads;
   po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
   po.keep_all = dataset->config().keep_data_in_memory;
+  po.admit = options.admit_chunk;
   lookahead_chunks_ = static_cast<uint64_t>(po.prefetch);
   pipeline_ = std::make_unique<ChunkPipeline>(dataset, po);
 }

@@ -34,6 +34,8 @@ struct LoaderOptions {
   std::optional<CursorState> resume;  // continue after the batch this state follows
   std::vector<OutputLayout> layouts;  // per stream (empty: all native)
   ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
+  // Asked before each chunk is parsed (ChunkPipelineOptions::admit); empty: always.
+  std::function<absl::Status(uint64_t chunk_id)> admit_chunk;
 };
 
 // One assembled batch. `bytes` is valid until the next call to Loader::Next().
