@@ -25,8 +25,10 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 
 # The client's public header and exactly what it includes: the batch description and the
 # generated protocol. Nothing of the readers or the daemon (a consumer build would fail).
-install(FILES ${PROJECT_SOURCE_DIR}/client/cpp/conveyor_client.h
+install(FILES ${PROJECT_SOURCE_DIR}/client/cpp/conveyor_client.h ${PROJECT_SOURCE_DIR}/client/cpp/idle_watchdog.h
+              ${PROJECT_SOURCE_DIR}/client/cpp/shared_segment.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/conveyor/client/cpp COMPONENT dev)
+install(FILES ${PROJECT_SOURCE_DIR}/proto/stream_reader.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/conveyor/proto COMPONENT dev)
 install(FILES ${PROJECT_SOURCE_DIR}/common/batch/batch_plan.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/conveyor/common/batch COMPONENT dev)
 install(FILES ${PROJECT_SOURCE_DIR}/common/config/stream_types.h

@@ -1,5 +1,8 @@
 #include "proto/wire.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace conveyor {
@@ -180,6 +183,9 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   plan.shape.rows = d.rows();
   plan.shape.steps = d.steps();
   plan.shape.frame_mode = d.frame_mode();
+  if (d.precision() != v1::PRECISION_FLOAT && d.precision() != v1::PRECISION_DOUBLE) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown precision ", static_cast<int>(d.precision())));
+  }
   plan.precision = d.precision() == v1::PRECISION_DOUBLE ? Precision::kDouble : Precision::kFloat;
   plan.num_samples = d.samples();
   auto mask = ArrayFromProto(d.mask(), total, "mask");
@@ -188,20 +194,45 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   auto flags = ArrayFromProto(d.flags(), total, "flags");
   if (!flags.ok()) return flags.status();
   plan.flags = *flags;
+  using u128 = unsigned __int128;
+  for (const ArrayDesc* a : {&plan.mask, &plan.flags}) {
+    if (a->present() && (a->dtype != DType::kUInt8 || a->bytes != u128{plan.shape.rows} * plan.shape.steps)) {
+      return absl::InvalidArgumentError("the BPTT mask and flags must be uint8 [rows][steps]");
+    }
+  }
   const size_t value_size = plan.precision == Precision::kFloat ? 4 : 8;
+  const DType value_type = plan.precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
+  if (d.streams_size() > kMaxStreams) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", d.streams_size(), " streams (at most ", kMaxStreams, ")"));
+  }
   for (const v1::StreamBatch& s : d.streams()) {
     StreamLayout L;
     L.name = s.name();
-    L.format = s.format() == v1::FORMAT_SPARSE ? StreamFormat::kSparse
-                                               : (s.format() == v1::FORMAT_IDS ? StreamFormat::kIds : StreamFormat::kDense);
+    switch (s.format()) {
+      case v1::FORMAT_DENSE:
+        L.format = StreamFormat::kDense;
+        break;
+      case v1::FORMAT_SPARSE:
+        L.format = StreamFormat::kSparse;
+        break;
+      case v1::FORMAT_IDS:
+        L.format = StreamFormat::kIds;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("stream '", L.name.substr(0, 64), "': unknown format ", static_cast<int>(s.format())));
+    }
     L.dim = s.dim();
     L.sequence_axis = s.sequence_axis();
     L.max_length = s.max_length();
     L.nnz = s.nnz();
+    auto layout = LayoutFromProto(s.layout());
+    if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name.substr(0, 64), "': ", layout.status().message()));
     if (L.format == StreamFormat::kSparse) {
-      auto layout = LayoutFromProto(s.layout());
-      if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ", layout.status().message()));
       L.layout = *layout == OutputLayout::kCsc ? OutputLayout::kNative : *layout;
+    } else if (*layout != OutputLayout::kNative && *layout != OutputLayout::kDense) {
+      return absl::InvalidArgumentError(absl::StrCat("stream '", L.name.substr(0, 64), "' is not sparse but delivered as ",
+                                                     OutputLayoutName(*layout)));
     }
     for (auto [src, dst, what] : {std::make_tuple(&s.lengths(), &L.lengths, "lengths"),
                                   std::make_tuple(&s.values(), &L.values, "values"),
@@ -213,32 +244,37 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
       if (!a.ok()) return a.status();
       *dst = *a;
     }
-    // The arrays must have the shapes the layout implies, so that readers index safely.
-    // 128-bit products: a hostile descriptor must not wrap around to a matching size.
-    using u128 = unsigned __int128;
+    // The arrays must have the shapes and types the layout implies, so that readers index
+    // safely. 128-bit products: a hostile descriptor must not wrap around to a matching size.
     const u128 T = L.sequence_axis ? L.max_length : 1;
     const u128 rows = plan.shape.rows;
+    const std::string name = L.name.substr(0, 64);
+    auto is_ptr = [](const ArrayDesc& a) { return a.dtype == DType::kInt32 || a.dtype == DType::kInt64; };
     if (L.ids()) {
       if (L.values.bytes != rows * T * 4 || L.values.dtype != DType::kInt32) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ids do not match rows x T"));
+        return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': ids do not match rows x T"));
       }
     } else if (L.dense_values()) {
-      if (L.values.bytes != rows * T * L.dim * value_size) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': values do not match rows x T x dim"));
+      if (L.values.bytes != rows * T * L.dim * value_size || L.values.dtype != value_type) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': values do not match rows x T x dim"));
       }
     } else if (L.csr()) {
       const size_t ptr = L.rowptr.dtype == DType::kInt64 ? 8 : 4;
-      if (L.rowptr.bytes != (u128{L.dim} + 1) * ptr || L.colind.bytes != u128{L.nnz} * 4 || L.values.bytes != u128{L.nnz} * value_size) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': CSR arrays do not match the batch"));
+      if (!is_ptr(L.rowptr) || L.colind.dtype != DType::kInt32 || L.values.dtype != value_type ||
+          L.rowptr.bytes != (u128{L.dim} + 1) * ptr || L.colind.bytes != u128{L.nnz} * 4 ||
+          L.values.bytes != u128{L.nnz} * value_size) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': CSR arrays do not match the batch"));
       }
     } else {
       const size_t ptr = L.colptr.dtype == DType::kInt64 ? 8 : 4;
-      if (L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != u128{L.nnz} * 4 || L.values.bytes != u128{L.nnz} * value_size) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': CSC arrays do not match the batch"));
+      if (!is_ptr(L.colptr) || L.rowind.dtype != DType::kInt32 || L.values.dtype != value_type ||
+          L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != u128{L.nnz} * 4 ||
+          L.values.bytes != u128{L.nnz} * value_size) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': CSC arrays do not match the batch"));
       }
     }
-    if (L.sequence_axis && L.lengths.bytes != rows * 4) {
-      return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': lengths do not match the rows"));
+    if (L.sequence_axis ? (L.lengths.bytes != rows * 4 || L.lengths.dtype != DType::kInt32) : L.lengths.present()) {
+      return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': lengths do not match the rows"));
     }
     plan.streams.push_back(std::move(L));
   }
@@ -254,6 +290,9 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   plan.num_sequences = n;
   plan.pieces.resize(n);
   plan.counts.assign(q.counts().begin(), q.counts().end());
+  if (n > static_cast<uint64_t>(plan.shape.rows) * std::max<uint64_t>(1, plan.shape.steps)) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", plan.shape.rows, " rows cannot hold ", n, " pieces"));
+  }
   for (size_t i = 0; i < n; ++i) {
     const int k = static_cast<int>(i);
     if (q.row(k) >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
@@ -295,6 +334,62 @@ v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& req
   s.set_resume_cursor(request.resume);
   for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
   return s;
+}
+
+absl::Status ValidateBatchBytes(const BatchPlan& plan, absl::Span<const std::byte> bytes) {
+  if (bytes.size() != plan.total_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the batch has ", bytes.size(), " bytes, its descriptor says ", plan.total_bytes));
+  }
+  const std::byte* base = bytes.data();
+  auto load32 = [&](uint64_t at) {
+    int32_t v;
+    std::memcpy(&v, base + at, 4);
+    return v;
+  };
+  for (const StreamLayout& L : plan.streams) {
+    const std::string name = L.name.substr(0, 64);
+    const uint64_t rows = plan.shape.rows;
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    if (L.lengths.present()) {
+      for (uint64_t r = 0; r < rows; ++r) {
+        const int32_t len = load32(L.lengths.offset + r * 4);
+        if (len < 0 || static_cast<uint64_t>(len) > T) {
+          return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': row ", r, " has length ", len,
+                                                         ", more than T = ", T));
+        }
+      }
+    }
+    if (L.format != StreamFormat::kSparse || L.dense_values()) continue;
+    // Pointers rise from 0 to nnz and indices stay inside the matrix: readers index safely.
+    const bool csr = L.csr();
+    const ArrayDesc& ptr = csr ? L.rowptr : L.colptr;
+    const ArrayDesc& ind = csr ? L.colind : L.rowind;
+    const uint64_t outer = csr ? L.dim : rows * T, inner = csr ? rows * T : L.dim;
+    const char* what = csr ? "CSR row" : "CSC column";
+    int64_t prev = 0;
+    for (uint64_t c = 0; c <= outer; ++c) {
+      int64_t v;
+      if (ptr.dtype == DType::kInt64) {
+        std::memcpy(&v, base + ptr.offset + c * 8, 8);
+      } else {
+        v = load32(ptr.offset + c * 4);
+      }
+      if ((c == 0 && v != 0) || v < prev || static_cast<uint64_t>(v) > L.nnz ||
+          (c == outer && static_cast<uint64_t>(v) != L.nnz)) {
+        return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': bad ", what, " pointers"));
+      }
+      prev = v;
+    }
+    for (uint64_t k = 0; k < L.nnz; ++k) {
+      const int32_t i = load32(ind.offset + k * 4);
+      if (i < 0 || static_cast<uint64_t>(i) >= inner) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stream '", name, "': ", csr ? "column" : "row", " index out of range"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor

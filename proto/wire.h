@@ -2,7 +2,10 @@
 // descriptor (both directions), shared by the daemon and the clients.
 #pragma once
 
+#include <cstddef>
+
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/batch/batch_layout.h"
 #include "common/config/dataset_config.h"
 #include "common/sampling/stream_request.h"
@@ -13,10 +16,20 @@ namespace conveyor {
 // Fills the layout part of `out` (arrays, streams, pieces, shape) from `plan`.
 void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out);
 
-// The plan a descriptor describes, checked against `total_bytes` of payload: every array
-// must lie inside the batch and every piece inside its arrays. Errors: InvalidArgument
-// naming what does not fit (a client must never read out of bounds because a server lied).
+// Streams a batch descriptor may have.
+inline constexpr int kMaxStreams = 4096;
+
+// The plan a descriptor describes, checked against `total_bytes` of payload: every enum
+// known, every array inside the batch with the dtype and shape its stream's layout implies,
+// every piece inside its row. Errors: InvalidArgument naming what does not fit (a client
+// must never read out of bounds because a server lied). Does not allocate beyond the plan.
 absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d);
+
+// Checks the contents a reader indexes with, for host bytes laid out by `plan` (which
+// DescriptorToPlan made): `bytes` has total_bytes, every length is at most T, CSC/CSR
+// pointers rise from 0 to nnz and indices stay inside the matrix. After it, the typed views
+// and the dump writer read only inside the batch. Errors: InvalidArgument naming the stream.
+absl::Status ValidateBatchBytes(const BatchPlan& plan, absl::Span<const std::byte> bytes);
 
 v1::Format ToProto(StreamFormat f);
 v1::DType ToProto(DType t);

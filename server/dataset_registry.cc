@@ -35,4 +35,10 @@ absl::StatusOr<std::shared_ptr<const Dataset>> DatasetRegistry::Find(const std::
   return it->second;
 }
 
+uint64_t DatasetRegistry::ResidentBytes() const {
+  uint64_t total = 0;
+  for (const auto& [name, ds] : datasets_) total += ds->resident_bytes();
+  return total;
+}
+
 }  // namespace conveyor

@@ -24,6 +24,8 @@ class DatasetRegistry {
   std::vector<std::string> Names() const;
   // NotFound (listing the served names) for an unknown dataset.
   absl::StatusOr<std::shared_ptr<const Dataset>> Find(const std::string& name) const;
+  // Heap bytes of the parsed chunks every dataset holds right now (the daemon's chunk cache).
+  uint64_t ResidentBytes() const;
 
  private:
   std::map<std::string, std::shared_ptr<const Dataset>> datasets_;

@@ -37,6 +37,7 @@
 #include "cuda/cuda_backend.h"
 #include "server/listen_checks.h"
 #include "server/loader_service.h"
+#include "server/server_builder.h"
 
 namespace {
 
@@ -182,6 +183,7 @@ absl::StatusOr<Prepared> Prepare(Flags f) {
   if (config.server.staging_bytes > 0) options.staging_bytes = config.server.staging_bytes;
   if (config.server.min_slot_bytes > 0) options.min_slot_bytes = config.server.min_slot_bytes;
   if (config.server.slot_headroom > 0) options.slot_headroom = config.server.slot_headroom;
+  conveyor::ApplyMemoryBudgets(config.server, &options);
 
   // Addresses first: a daemon that cannot serve should say so before indexing for minutes.
   p.listen = !f.listen.empty() ? f.listen : (config.listen.empty() ? "127.0.0.1:7070" : config.listen);
@@ -284,6 +286,7 @@ int Serve(Prepared p, const sigset_t& signals) {
   int port = 0;
   builder.AddListeningPort(p.listen, tcp_creds, &port);
   if (!p.no_unix) builder.AddListeningPort("unix:" + p.unix_path, grpc::InsecureServerCredentials());
+  conveyor::ConfigureServerBuilder(&builder, options);
   builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
   builder.RegisterService(&service);
   // The socket has its mode from the moment it exists: no window in which others connect.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -10,32 +11,66 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 
 namespace conveyor {
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1
+#endif
+
 absl::StatusOr<std::shared_ptr<ShmSegment>> ShmSegment::Create(uint64_t bytes) {
-  const int fd = ::memfd_create("conveyor-slots", MFD_CLOEXEC);
+  const int fd = ::memfd_create("conveyor-slots", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", std::strerror(errno)));
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  auto fail = [&](absl::StatusCode code, const std::string& what, void* mapped) {
     const int err = errno;
+    if (mapped != nullptr) ::munmap(mapped, bytes);
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("cannot size a ", bytes, "-byte segment: ", std::strerror(err)));
+    return absl::Status(code, absl::StrCat(what, ": ", std::strerror(err)));
+  };
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(absl::StatusCode::kResourceExhausted, absl::StrCat("cannot size a ", bytes, "-byte segment"), nullptr);
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map a ", bytes, "-byte segment: ", std::strerror(err)));
+    return fail(absl::StatusCode::kResourceExhausted, absl::StrCat("cannot map a ", bytes, "-byte segment"), nullptr);
   }
-  return std::shared_ptr<ShmSegment>(new ShmSegment(fd, static_cast<std::byte*>(p), bytes));
+  // The size can no longer change (a client's ftruncate would make the daemon's mapping
+  // SIGBUS), and no one can write it but through the mapping made above.
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    return fail(absl::StatusCode::kInternal, "cannot seal a shared-memory segment", p);
+  }
+  // F_SEAL_FUTURE_WRITE needs Linux 5.1; older kernels keep the read-only descriptor alone.
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL) != 0) {
+    return fail(absl::StatusCode::kInternal, "cannot seal a shared-memory segment", p);
+  }
+  // A descriptor of its own for clients, opened read-only (a dup would share the daemon's
+  // read-write open file).
+  const int ro = ::open(absl::StrCat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return fail(absl::StatusCode::kInternal, "cannot reopen a shared-memory segment read-only", p);
+  return std::shared_ptr<ShmSegment>(new ShmSegment(fd, ro, static_cast<std::byte*>(p), bytes));
 }
 
 ShmSegment::~ShmSegment() {
   ::munmap(data_, size_);
+  ::close(read_only_fd_);
   ::close(fd_);
+}
+
+int ShmSegment::seals() const { return ::fcntl(fd_, F_GET_SEALS); }
+
+absl::StatusOr<std::string> RandomToken() {
+  std::string token(16, '\0');
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = ::getrandom(token.data() + got, token.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError(absl::StrCat("getrandom: ", std::strerror(errno)));
+    got += static_cast<size_t>(n);
+  }
+  return token;
 }
 
 absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, unsigned mode) {
@@ -72,15 +107,11 @@ FdServer::~FdServer() {
   ::unlink(path_.c_str());
 }
 
-std::string FdServer::Register(std::shared_ptr<ShmSegment> segment) {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string token(16, '\0');
-  for (int i = 0; i < 2; ++i) {
-    const uint64_t v = rng();
-    std::memcpy(token.data() + 8 * i, &v, 8);
-  }
+absl::StatusOr<std::string> FdServer::Register(std::shared_ptr<ShmSegment> segment) {
+  auto token = RandomToken();
+  if (!token.ok()) return token.status();
   std::lock_guard<std::mutex> lock(mu_);
-  segments_[token] = segment;
+  segments_[*token] = segment;
   return token;
 }
 
@@ -128,7 +159,7 @@ void FdServer::Serve() {
       cm->cmsg_level = SOL_SOCKET;
       cm->cmsg_type = SCM_RIGHTS;
       cm->cmsg_len = CMSG_LEN(sizeof(int));
-      const int fd = seg->fd();
+      const int fd = seg->read_only_fd();
       std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
       (void)!::sendmsg(c, &msg, MSG_NOSIGNAL);
     }

@@ -1,7 +1,11 @@
 // shared_memory.h: the shared-memory transport's daemon side. A ShmSegment is a memfd
 // (no name in /dev/shm, so nothing is left behind when either side dies) mapped read-write
-// by the daemon; an FdServer hands its descriptor to same-host clients over a unix socket
-// (SCM_RIGHTS) in exchange for a 16-byte token the Stream call announced.
+// by the daemon and sealed so that no client can hurt it: its size is fixed (F_SEAL_SHRINK,
+// F_SEAL_GROW: no ftruncate can make the daemon's mapping SIGBUS), nothing but the daemon's
+// own mapping can write it (F_SEAL_FUTURE_WRITE, where the kernel has it), and the seals
+// themselves are sealed (F_SEAL_SEAL). Clients get a read-only descriptor of it. An FdServer
+// hands that descriptor to same-host clients over a unix socket (SCM_RIGHTS) in exchange for
+// a 16-byte token (from getrandom) that the Stream call announced.
 #pragma once
 
 #include <cstddef>
@@ -18,21 +22,31 @@ namespace conveyor {
 
 class ShmSegment {
  public:
-  // Errors: ResourceExhausted when memfd_create/ftruncate/mmap fail.
+  // Errors: ResourceExhausted when memfd_create/ftruncate/mmap fail; Internal when the
+  // segment cannot be sealed or reopened read-only.
   static absl::StatusOr<std::shared_ptr<ShmSegment>> Create(uint64_t bytes);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
-  int fd() const { return fd_; }
+  // The descriptor handed to clients: opened O_RDONLY, so neither a writable mapping nor an
+  // mprotect to writable nor an ftruncate works through it.
+  int read_only_fd() const { return read_only_fd_; }
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The seals the segment carries (F_GET_SEALS), for tests.
+  int seals() const;
 
  private:
-  ShmSegment(int fd, std::byte* data, uint64_t size) : fd_(fd), data_(data), size_(size) {}
+  ShmSegment(int fd, int read_only_fd, std::byte* data, uint64_t size)
+      : fd_(fd), read_only_fd_(read_only_fd), data_(data), size_(size) {}
   const int fd_;
+  const int read_only_fd_;
   std::byte* const data_;
   const uint64_t size_;
 };
+
+// 16 bytes from the kernel's CSPRNG (getrandom). Errors: Internal if it fails.
+absl::StatusOr<std::string> RandomToken();
 
 class FdServer {
  public:
@@ -42,7 +56,8 @@ class FdServer {
   ~FdServer();
   const std::string& path() const { return path_; }
   // Makes `segment` fetchable with the returned 16-byte token until Forget(token).
-  std::string Register(std::shared_ptr<ShmSegment> segment);
+  // Errors: Internal when no random token can be had.
+  absl::StatusOr<std::string> Register(std::shared_ptr<ShmSegment> segment);
   void Forget(const std::string& token);
 
  private:

@@ -1,12 +1,6 @@
 #include "client/cpp/conveyor_client.h"
-#include "cuda/ipc.h"
 
 #include <grpcpp/grpcpp.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -15,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cuda/ipc.h"
 #include "proto/wire.h"
 
 namespace conveyor {
@@ -30,59 +25,6 @@ int ReceivedBatch::StreamIndex(const std::string& name) const {
   for (size_t i = 0; i < plan_.streams.size(); ++i)
     if (plan_.streams[i].name == name) return static_cast<int>(i);
   return -1;
-}
-
-absl::Status ReceivedBatch::Validate() {
-  auto plan = DescriptorToPlan(descriptor_);
-  if (!plan.ok()) return plan.status();
-  plan_ = std::move(*plan);
-  if (size_ != plan_.total_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("batch ", descriptor_.serial(), " has ", size_,
-                                                   " bytes, its descriptor says ", plan_.total_bytes));
-  }
-  if (on_device_) return absl::OkStatus();  // device memory: the host cannot look inside
-  const char* base = data_;
-  for (const StreamLayout& L : plan_.streams) {
-    const uint64_t rows = plan_.shape.rows;
-    const uint64_t T = L.sequence_axis ? L.max_length : 1;
-    if (L.lengths.present()) {
-      for (uint64_t r = 0; r < rows; ++r) {
-        int32_t len;
-        std::memcpy(&len, base + L.lengths.offset + r * 4, 4);
-        if (len < 0 || static_cast<uint64_t>(len) > T) return absl::InvalidArgumentError("a length exceeds T");
-      }
-    }
-    if (L.format != StreamFormat::kSparse || L.dense_values()) continue;
-    // Pointers rise from 0 to nnz and indices stay inside the matrix: readers index safely.
-    const bool csr = L.csr();
-    const ArrayDesc& ptr = csr ? L.rowptr : L.colptr;
-    const ArrayDesc& ind = csr ? L.colind : L.rowind;
-    const uint64_t outer = csr ? L.dim : rows * T, inner = csr ? rows * T : L.dim;
-    const char* what = csr ? "CSR row" : "CSC column";
-    int64_t prev = 0;
-    for (uint64_t c = 0; c <= outer; ++c) {
-      int64_t v;
-      if (ptr.dtype == DType::kInt64) {
-        std::memcpy(&v, base + ptr.offset + c * 8, 8);
-      } else {
-        int32_t w;
-        std::memcpy(&w, base + ptr.offset + c * 4, 4);
-        v = w;
-      }
-      if ((c == 0 && v != 0) || v < prev || static_cast<uint64_t>(v) > L.nnz || (c == outer && static_cast<uint64_t>(v) != L.nnz)) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': bad ", what, " pointers"));
-      }
-      prev = v;
-    }
-    for (uint64_t k = 0; k < L.nnz; ++k) {
-      int32_t i;
-      std::memcpy(&i, base + ind.offset + k * 4, 4);
-      if (i < 0 || static_cast<uint64_t>(i) >= inner) {
-        return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "': ", csr ? "column" : "row", " index out of range"));
-      }
-    }
-  }
-  return absl::OkStatus();
 }
 
 enum class View { kDense, kCsc, kCsr };
@@ -178,10 +120,11 @@ template absl::StatusOr<CsrView<double>> ReceivedBatch::Csr<double>(size_t) cons
 // ------------------------------------------------------------------ Subscription
 
 Subscription::Subscription(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
-                           size_t first, v1::Subscribe request, SubscribeOptions options, std::string token)
+                           size_t first, v1::Subscribe request, SubscribeOptions options, std::string token,
+                           ClientLimits limits)
     : addresses_(std::move(addresses)), channels_(std::move(channels)), current_(first),
       stub_(v1::Loader::NewStub(channels_[current_])), request_(std::move(request)), options_(options),
-      token_(std::move(token)) {}
+      token_(std::move(token)), limits_(limits), reader_(limits) {}
 
 Subscription::~Subscription() { Cancel(); }
 
@@ -196,6 +139,7 @@ absl::Status Subscription::Open() {
   context_ = std::make_unique<grpc::ClientContext>();
   if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
   stream_ = stub_->Stream(context_.get());
+  reader_ = StreamReader(limits_);
   has_unacked_ = false;
   segments_.clear();  // a new stream announces its own segments (batches in hand keep theirs)
   device_segments_.clear();
@@ -207,58 +151,6 @@ absl::Status Subscription::Open() {
     stream_.reset();  // finished: Cancel() must not finish it again
     return FromGrpc(st);
   }
-  return absl::OkStatus();
-}
-
-struct Subscription::Mapping {
-  const char* data = nullptr;
-  uint64_t size = 0;
-  ~Mapping() {
-    if (data != nullptr) ::munmap(const_cast<char*>(data), size);
-  }
-};
-
-absl::Status Subscription::MapSegment(const v1::SharedMemorySegment& s) {
-  sockaddr_un addr{};
-  if (s.fd_socket().size() >= sizeof(addr.sun_path) || s.token().size() != 16 || s.bytes() == 0 ||
-      s.bytes() > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError("a shared-memory segment announcement is malformed");
-  }
-  const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, s.fd_socket().c_str(), s.fd_socket().size() + 1);
-  if (sock < 0 || ::connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::send(sock, s.token().data(), 16, MSG_NOSIGNAL) != 16) {
-    if (sock >= 0) ::close(sock);
-    return absl::UnavailableError(absl::StrCat("cannot reach the daemon's descriptor socket ", s.fd_socket(),
-                                               " (shared memory needs the same host)"));
-  }
-  char byte;
-  iovec iov{&byte, 1};
-  char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-  ::close(sock);
-  cmsghdr* cm = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
-  if (cm == nullptr || cm->cmsg_type != SCM_RIGHTS) return absl::UnavailableError("the daemon sent no segment descriptor");
-  int fd;
-  std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < s.bytes()) {
-    ::close(fd);
-    return absl::InvalidArgumentError("the shared-memory segment is smaller than announced");
-  }
-  void* p = ::mmap(nullptr, s.bytes(), PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);  // the mapping keeps the segment
-  if (p == MAP_FAILED) return absl::ResourceExhaustedError("cannot map a shared-memory segment");
-  auto m = std::make_shared<Mapping>();
-  m->data = static_cast<const char*>(p);
-  m->size = s.bytes();
-  segments_[s.id()] = std::move(m);
   return absl::OkStatus();
 }
 
@@ -289,93 +181,103 @@ absl::Status Subscription::OpenDeviceSegment(const v1::CudaIpcSegment& s) {
   return absl::OkStatus();
 }
 
+absl::Status Subscription::Abort(absl::Status why) {
+  if (context_) context_->TryCancel();
+  if (stream_) (void)stream_->Finish();
+  stream_.reset();
+  return why;
+}
+
+bool Subscription::Read(v1::StreamResponse* msg, bool* idle) {
+  if (options_.idle_timeout.count() > 0) watchdog_.Arm(context_.get(), options_.idle_timeout);
+  const bool got = stream_->Read(msg);
+  *idle = options_.idle_timeout.count() > 0 && watchdog_.Disarm();
+  return got && !*idle;
+}
+
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
-  v1::StreamResponse msg;
   while (true) {
-    if (!stream_->Read(&msg)) {
+    v1::StreamResponse msg;
+    bool idle = false;
+    if (!Read(&msg, &idle)) {
+      // The call ended: its status, or (OK) whether the stream's data really ended.
       grpc::Status st = stream_->Finish();
       stream_.reset();
-      if (st.ok()) return absl::UnavailableError("the stream ended without an end-of-stream message");
-      return FromGrpc(st);
+      if (idle) {
+        return absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
+                                                   options_.idle_timeout.count(), " ms (the idle deadline)"));
+      }
+      if (!st.ok()) return FromGrpc(st);
+      absl::Status finished = reader_.Finished();
+      // Broken off, not wrong: resumable from the last cursor like a daemon that went away.
+      return absl::UnavailableError(finished.message());
     }
-    if (msg.has_cuda_segment()) {
-      absl::Status opened = OpenDeviceSegment(msg.cuda_segment());
-      if (!opened.ok()) return opened;
-      continue;
+    auto event = reader_.Feed(std::move(msg));
+    if (!event.ok()) return Abort(event.status());
+    switch (*event) {
+      case StreamReader::Event::kNeedMore:
+        continue;
+      case StreamReader::Event::kSegment: {
+        auto mapped = MapSharedSegment(reader_.segment());
+        if (!mapped.ok()) return Abort(mapped.status());
+        segments_[reader_.segment().id()] = std::move(*mapped);
+        continue;
+      }
+      case StreamReader::Event::kCudaSegment: {
+        absl::Status opened = OpenDeviceSegment(reader_.cuda_segment());
+        if (!opened.ok()) return Abort(opened);
+        continue;
+      }
+      case StreamReader::Event::kEnd: {
+        ended_ = true;
+        stream_->WritesDone();
+        grpc::Status st = stream_->Finish();
+        stream_.reset();
+        if (!st.ok()) return FromGrpc(st);
+        return false;
+      }
+      case StreamReader::Event::kBatch:
+        break;
     }
-    if (!msg.has_segment()) break;
-    absl::Status mapped = MapSegment(msg.segment());
-    if (!mapped.ok()) return mapped;
-  }
-  if (msg.has_end()) {
-    ended_ = true;
-    stream_->WritesDone();
-    grpc::Status st = stream_->Finish();
-    stream_.reset();
-    if (!st.ok()) return FromGrpc(st);
-    return false;
-  }
-  if (!msg.has_batch()) return absl::InvalidArgumentError("expected a batch from the daemon");
-  ReceivedBatch& b = *out;
-  b.descriptor_ = std::move(*msg.mutable_batch());
-  const uint64_t total = b.descriptor_.total_bytes();
-  if (total > (uint64_t{1} << 34)) return absl::InvalidArgumentError("batch larger than 16 GiB");
-  b.mapping_.reset();
-  b.on_device_ = false;
-  b.device_ = -1;
-  // A batch in a shared segment (memfd or device block): checked against the segment, then
-  // handed out in place.
-  auto in_segment = [&](const auto& segments, uint32_t id, uint64_t off, const char* what) -> absl::Status {
-    auto it = segments.find(id);
-    if (it == segments.end() || off > it->second->size || total > it->second->size - off) {
-      return absl::InvalidArgumentError(absl::StrCat("a batch lies outside its ", what, " segment"));
+    StreamReader::ReceivedBatch& got = reader_.batch();
+    ReceivedBatch& b = *out;
+    b.descriptor_ = std::move(got.descriptor);
+    b.plan_ = std::move(got.plan);
+    b.bytes_ = std::move(got.bytes);
+    b.mapping_.reset();
+    b.on_device_ = false;
+    b.device_ = -1;
+    const uint64_t total = b.descriptor_.total_bytes();
+    if (b.descriptor_.has_cuda_ipc()) {
+      auto it = device_segments_.find(b.descriptor_.cuda_ipc().segment());
+      if (it == device_segments_.end()) return Abort(absl::InvalidArgumentError("a batch lies outside its CUDA IPC segment"));
+      b.mapping_ = it->second;
+      b.data_ = static_cast<const char*>(it->second->data) + b.descriptor_.cuda_ipc().offset();
+      b.size_ = total;
+      b.on_device_ = true;
+      b.device_ = it->second->device;
+    } else if (b.descriptor_.has_shm()) {
+      auto it = segments_.find(b.descriptor_.shm().segment());
+      const uint64_t at = b.descriptor_.shm().offset();
+      if (it == segments_.end() || at > it->second->size || total > it->second->size - at) {
+        return Abort(absl::InvalidArgumentError("a batch lies outside its shared-memory segment"));
+      }
+      b.mapping_ = it->second;
+      b.data_ = it->second->data + at;
+      b.size_ = total;
+      absl::Status valid = ValidateBatchBytes(b.plan_, {reinterpret_cast<const std::byte*>(b.data_), b.size_});
+      if (!valid.ok()) {
+        return Abort(absl::InvalidArgumentError(absl::StrCat("batch ", b.descriptor_.serial(), ": ", valid.message())));
+      }
+    } else {
+      b.data_ = b.bytes_.data();
+      b.size_ = b.bytes_.size();
     }
-    b.mapping_ = it->second;
-    b.data_ = static_cast<const char*>(it->second->data) + off;
-    b.size_ = total;
-    return absl::OkStatus();
-  };
-  auto hold = [&]() -> absl::StatusOr<bool> {
-    absl::Status valid = b.Validate();
-    if (!valid.ok()) return valid;
     has_unacked_ = true;
     unacked_serial_ = b.descriptor_.serial();
     last_cursor_ = b.descriptor_.cursor();
     return true;
-  };
-  if (b.descriptor_.has_cuda_ipc()) {
-    const auto& slot = b.descriptor_.cuda_ipc();
-    absl::Status st = in_segment(device_segments_, slot.segment(), slot.offset(), "CUDA IPC");
-    if (!st.ok()) return st;
-    b.on_device_ = true;
-    b.device_ = device_segments_[slot.segment()]->device;
-    return hold();
   }
-  if (b.descriptor_.has_shm()) {
-    const auto& slot = b.descriptor_.shm();
-    absl::Status st = in_segment(segments_, slot.segment(), slot.offset(), "shared-memory");
-    if (!st.ok()) return st;
-    return hold();
-  }
-  // The first part's bytes move out of the message (no copy for a one-part batch).
-  b.bytes_ = std::move(*b.descriptor_.mutable_payload()->mutable_data());
-  b.descriptor_.mutable_payload()->clear_data();
-  if (b.bytes_.size() > total) return absl::InvalidArgumentError("a batch's parts exceed its size");
-  if (b.descriptor_.parts() > 1) b.bytes_.reserve(total);
-  for (uint32_t part = 1; part < b.descriptor_.parts(); ++part) {
-    v1::StreamResponse more;
-    if (!stream_->Read(&more) || !more.has_more() || more.more().serial() != b.descriptor_.serial() ||
-        more.more().payload().offset() != b.bytes_.size()) {
-      grpc::Status st = stream_ ? stream_->Finish() : grpc::Status::OK;
-      stream_.reset();
-      return st.ok() ? absl::InvalidArgumentError("a batch's parts arrived out of order") : FromGrpc(st);
-    }
-    b.bytes_.append(more.more().payload().data());
-    if (b.bytes_.size() > total) return absl::InvalidArgumentError("a batch's parts exceed its size");
-  }
-  b.data_ = b.bytes_.data();
-  b.size_ = b.bytes_.size();
-  return hold();
 }
 
 absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
@@ -417,8 +319,8 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
 // ------------------------------------------------------------------ Client
 
 Client::Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
-               std::string token)
-    : addresses_(std::move(addresses)), channels_(std::move(channels)), token_(std::move(token)) {
+               std::string token, ClientLimits limits)
+    : addresses_(std::move(addresses)), channels_(std::move(channels)), token_(std::move(token)), limits_(limits) {
   for (const auto& c : channels_) stubs_.push_back(v1::Loader::NewStub(c));
 }
 
@@ -432,7 +334,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   }
   if (addresses.size() > 64) return absl::InvalidArgumentError("at most 64 daemon addresses");
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
+  // A message holds a descriptor and at most one inline part (the daemon's parts are at most
+  // 64 MiB); a batch of millions of pieces has a larger descriptor, within the batch limit.
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<uint64_t>(options.limits.max_batch_bytes + (64 << 20), INT32_MAX)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!options.tls_root_certs.empty()) {
     grpc::SslCredentialsOptions ssl;
@@ -442,7 +350,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   }
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (const std::string& a : addresses) channels.push_back(grpc::CreateCustomChannel(a, creds, args));
-  return std::unique_ptr<Client>(new Client(std::move(addresses), std::move(channels), options.token));
+  return std::unique_ptr<Client>(new Client(std::move(addresses), std::move(channels), options.token, options.limits));
 }
 
 grpc::Status Client::Unary(const std::function<grpc::Status(v1::Loader::Stub*, grpc::ClientContext*)>& call) {
@@ -481,7 +389,7 @@ absl::StatusOr<v1::DatasetDescription> Client::Describe(const std::string& datas
 absl::StatusOr<std::unique_ptr<Subscription>> Client::Subscribe(const v1::Subscribe& request,
                                                                 const SubscribeOptions& options) {
   auto sub = std::unique_ptr<Subscription>(
-      new Subscription(addresses_, channels_, current_, request, options, token_));
+      new Subscription(addresses_, channels_, current_, request, options, token_, limits_));
   if (!request.resume_cursor().empty()) sub->last_cursor_ = request.resume_cursor();
   return sub;
 }

@@ -8,14 +8,21 @@
 //   while (*(*sub)->Next(&b)) { auto x = b.Dense<float>(0); ... save b.cursor() ... }
 //
 // Batches arrive as bytes laid out per docs/design.md section 7; typed views index them without
-// copying. Every batch is checked before it is handed out (arrays inside the bytes, CSC
-// pointers monotonic and within nnz, row indices within dim), so a bad server cannot make a
-// client read out of bounds. A Subscription acknowledges a batch when the next one is asked
-// for (the credit goes back to the daemon); with reconnect on, a broken stream is resumed
-// from the last cursor received, so the batches handed out stay exactly the stream's.
+// copying. The daemon is treated as untrusted (proto/stream_reader.h): sizes are bounded by
+// the client's limits, serials, parts, arrays, shapes and pieces are checked, and every batch
+// is checked before it is handed out (arrays inside the bytes, CSC pointers monotonic and
+// within nnz, row indices within dim), so a bad server cannot make a client read out of
+// bounds, hang or end silently: a malformed stream is an error, and the call is cancelled
+// before it is finished. Shared-memory segments must be sealed against shrinking.
+// Keepalive pings notice a frozen or vanished daemon within seconds, and a read that waits
+// longer than the idle deadline is cancelled. A Subscription acknowledges a batch when the
+// next one is asked for (the credit goes back to the daemon); with reconnect on, a broken
+// stream (UNAVAILABLE: a daemon gone, draining, frozen or idle) is resumed from the last
+// cursor received on the next daemon, so the batches handed out stay exactly the stream's.
 // Not thread-safe: one thread per Subscription.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -26,8 +33,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/cpp/idle_watchdog.h"
+#include "client/cpp/shared_segment.h"
 #include "common/batch/batch_plan.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
+#include "proto/stream_reader.h"
 
 namespace conveyor {
 
@@ -106,7 +116,6 @@ class ReceivedBatch {
 
  private:
   friend class Subscription;
-  absl::Status Validate();
   v1::BatchDescriptor descriptor_;
   BatchPlan plan_;
   std::string bytes_;                     // inline transport
@@ -122,6 +131,10 @@ struct SubscribeOptions {
   // host only; the daemon's unix socket serves the descriptors).
   bool reconnect = true;  // resume from the last cursor when the stream breaks (UNAVAILABLE)
   int max_reconnects = 5;
+  // A Next() that receives nothing from the daemon for this long cancels the call and treats
+  // the stream as broken (UNAVAILABLE: resumed on the next daemon). 0: no deadline. Batches
+  // the first parse of a large window makes wait that long at most.
+  std::chrono::milliseconds idle_timeout{60000};
 };
 
 class Subscription {
@@ -144,9 +157,15 @@ class Subscription {
  private:
   friend class Client;
   Subscription(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
-               size_t first, v1::Subscribe request, SubscribeOptions options, std::string token);
+               size_t first, v1::Subscribe request, SubscribeOptions options, std::string token, ClientLimits limits);
   absl::Status Open();
   absl::StatusOr<bool> Receive(ReceivedBatch* out);
+  // A broken stream: cancels the call before finishing it (a daemon that keeps the call open
+  // must not hang the client), and returns `why`.
+  absl::Status Abort(absl::Status why);
+  // Reads the next message within the idle deadline; false when the call ended (or was
+  // cancelled for idleness: *idle).
+  bool Read(v1::StreamResponse* msg, bool* idle);
 
   const std::vector<std::string> addresses_;
   const std::vector<std::shared_ptr<grpc::Channel>> channels_;
@@ -155,6 +174,9 @@ class Subscription {
   v1::Subscribe request_;
   const SubscribeOptions options_;
   const std::string token_;
+  const ClientLimits limits_;
+  StreamReader reader_;
+  IdleWatchdog watchdog_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
   bool has_unacked_ = false;
@@ -162,9 +184,7 @@ class Subscription {
   std::string last_cursor_;
   int reconnects_ = 0;
   bool ended_ = false;
-  struct Mapping;
-  std::map<uint32_t, std::shared_ptr<Mapping>> segments_;  // shared memory, by segment id
-  absl::Status MapSegment(const v1::SharedMemorySegment& s);
+  std::map<uint32_t, std::shared_ptr<MappedSegment>> segments_;  // shared memory, by segment id
   struct DeviceMapping;
   std::map<uint32_t, std::shared_ptr<DeviceMapping>> device_segments_;  // CUDA IPC, by segment id
   absl::Status OpenDeviceSegment(const v1::CudaIpcSegment& s);
@@ -174,6 +194,12 @@ struct ClientOptions {
   std::string tls_root_certs;  // PEM: use TLS and trust these roots (empty: plaintext)
   std::string tls_server_name; // override the name the certificate must carry (tests)
   std::string token;           // sent as "authorization: Bearer <token>" on every call
+  ClientLimits limits;         // what the client accepts from a daemon (batch and segment sizes)
+  // HTTP/2 keepalive: a ping every keepalive_time_ms; a daemon that does not answer within
+  // keepalive_timeout_ms is gone (its calls end UNAVAILABLE, streams fail over). conveyord
+  // accepts pings as often as every second.
+  int keepalive_time_ms = 3000;
+  int keepalive_timeout_ms = 3000;
 };
 
 class Client {
@@ -191,7 +217,8 @@ class Client {
                                                           const SubscribeOptions& options = {});
 
  private:
-  Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels, std::string token);
+  Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels, std::string token,
+         ClientLimits limits);
   // Runs `call` on each daemon in turn, from the one that answered last, while they are
   // UNAVAILABLE.
   grpc::Status Unary(const std::function<grpc::Status(v1::Loader::Stub*, grpc::ClientContext*)>& call);
@@ -200,6 +227,7 @@ class Client {
   std::vector<std::unique_ptr<v1::Loader::Stub>> stubs_;
   size_t current_ = 0;
   const std::string token_;
+  const ClientLimits limits_;
 };
 
 // grpc::Status -> absl::Status.

@@ -31,7 +31,8 @@ const std::vector<std::string> kTopKeys = {"listen", "tls", "tokenFile", "insecu
 const std::vector<std::string> kTlsKeys = {"cert", "key"};
 const std::vector<std::string> kServerKeys = {
     "parserThreads", "parserThreadsPerStream", "maxSubscriptions", "assembler", "cudaDevice",
-    "stagingBytes", "minSlotBytes", "slotHeadroom", "unixSocketMode"};
+    "stagingBytes", "minSlotBytes", "slotHeadroom", "unixSocketMode", "subscriptionBytes", "inFlightBytes",
+    "chunkCacheBytes"};
 const std::vector<std::string> kDatasetKeys = {
     "deserializers", "readerType", "randomize", "randomizationWindow", "sampleBasedRandomizationWindow",
     "randomizationSeed", "frameMode", "truncated", "truncationLength", "maxErrors", "traceLevel", "verbosity",
@@ -522,7 +523,8 @@ class Converter {
       } else if (key == "server") {
         if (!v.is_map()) {
           return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N, "
-                          "assembler: cpu|cuda, cudaDevice: N, stagingBytes: N, minSlotBytes: N, slotHeadroom: X}'");
+                          "assembler: cpu|cuda, cudaDevice: N, stagingBytes: N, minSlotBytes: N, slotHeadroom: X, "
+                          "subscriptionBytes: N, inFlightBytes: N, chunkCacheBytes: N}'");
         }
         for (const auto& [sk, sv] : v.map) {
           const std::string skey = Lower(sk);
@@ -556,6 +558,12 @@ class Converter {
               return Error(sv, absl::StrCat("expected a number from 1 to 16 for 'slotHeadroom', found '", sv.scalar, "'"));
             }
             out_->server.slot_headroom = h;
+          } else if (skey == "subscriptionbytes") {  // memory budgets (docs/design.md section 9)
+            ASSIGN_OR_RETURN(out_->server.subscription_bytes, UInt(sv, sk, uint64_t{1} << 20, uint64_t{1} << 40));
+          } else if (skey == "inflightbytes") {
+            ASSIGN_OR_RETURN(out_->server.in_flight_bytes, UInt(sv, sk, uint64_t{1} << 20, uint64_t{1} << 44));
+          } else if (skey == "chunkcachebytes") {
+            ASSIGN_OR_RETURN(out_->server.chunk_cache_bytes, UInt(sv, sk, uint64_t{1} << 20, uint64_t{1} << 44));
           } else {
             return Error(sv, absl::StrCat("unknown key '", sk, "' in server", DidYouMean(sk, kServerKeys),
                                           ": expected one of ", absl::StrJoin(kServerKeys, ", ")));

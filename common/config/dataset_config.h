@@ -98,6 +98,11 @@ struct Config {
     // Permission bits of the unix socket (and its descriptor socket): 0600 by default (the
     // daemon's user only); 0660 lets a shared group's trainers in.
     int unix_socket_mode = -1;  // -1: the daemon's default (0600)
+    // Memory budgets (0: the daemon's defaults): one subscription's batches in flight, every
+    // subscription's together, parsed chunks of every dataset.
+    uint64_t subscription_bytes = 0;
+    uint64_t in_flight_bytes = 0;
+    uint64_t chunk_cache_bytes = 0;
   } server;
   std::vector<DatasetConfig> datasets;
   std::vector<std::string> warnings;  // ignored keys and the like, for the caller to print

@@ -6,53 +6,58 @@
 namespace conveyor {
 
 ChunkPipeline::ChunkPipeline(const Dataset* dataset, const ChunkPipelineOptions& options)
-    : dataset_(dataset), options_(options) {
-  if (options_.pool == nullptr) own_pool_ = std::make_unique<ParserPool>(std::max(1, options_.threads));
-  pool_ = options_.pool != nullptr ? options_.pool : own_pool_.get();
+    : state_(std::make_shared<State>()) {
+  if (options.pool == nullptr) own_pool_ = std::make_unique<ParserPool>(std::max(1, options.threads));
+  state_->dataset = dataset;
+  state_->options = options;
+  state_->pool = options.pool != nullptr ? options.pool : own_pool_.get();
 }
 
 ChunkPipeline::~ChunkPipeline() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    stop_ = true;
-    // Jobs still queued in the pool run and return at once; running ones finish their chunk.
-    idle_cv_.wait(lock, [&] { return jobs_ == 0; });
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->stop = true;
+    // Jobs still queued in the pool return at once when they run (they hold the state);
+    // those parsing finish their chunk first, which needs the dataset: wait for them.
+    state_->idle_cv.wait(lock, [&] { return state_->parsing == 0; });
   }
-  own_pool_.reset();
+  own_pool_.reset();  // runs (and so ends) the jobs queued in it
 }
 
-void ChunkPipeline::Schedule() {
-  const uint64_t budget = static_cast<uint64_t>(std::max(1, options_.threads));
-  const uint64_t prefetch = static_cast<uint64_t>(std::max(1, options_.prefetch));
-  while (!stop_ && jobs_ < budget && unstarted_ > unclaimed_ && ahead_ + unclaimed_ < prefetch) {
-    ++jobs_;
-    ++unclaimed_;
-    pool_->Submit([this] { RunJob(); });
+void ChunkPipeline::Schedule(const std::shared_ptr<State>& s) {
+  const uint64_t budget = static_cast<uint64_t>(std::max(1, s->options.threads));
+  const uint64_t prefetch = static_cast<uint64_t>(std::max(1, s->options.prefetch));
+  while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed && s->ahead + s->unclaimed < prefetch) {
+    ++s->jobs;
+    ++s->unclaimed;
+    s->pool->Submit([s] { RunJob(s); });
   }
 }
 
 uint64_t ChunkPipeline::Enqueue(uint64_t chunk_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t ticket = next_ticket_++;
-  Entry& e = entries_[ticket];
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const uint64_t ticket = s.next_ticket++;
+  Entry& e = s.entries[ticket];
   e.chunk = chunk_id;
-  if (auto it = kept_.find(chunk_id); it != kept_.end()) {
+  if (auto it = s.kept.find(chunk_id); it != s.kept.end()) {
     e.started = e.done = true;
     e.data = it->second;
     return ticket;
   }
-  ++unstarted_;
-  Schedule();
+  ++s.unstarted;
+  Schedule(state_);
   return ticket;
 }
 
-void ChunkPipeline::RunJob() {
-  std::unique_lock<std::mutex> lock(mu_);
-  --unclaimed_;
+void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
+  State& s = *state;
+  std::unique_lock<std::mutex> lock(s.mu);
+  --s.unclaimed;
   Entry* todo = nullptr;
   uint64_t ticket = 0;
-  if (!stop_ && ahead_ < static_cast<uint64_t>(std::max(1, options_.prefetch))) {
-    for (auto& [t, e] : entries_) {
+  if (!s.stop && s.ahead < static_cast<uint64_t>(std::max(1, s.options.prefetch))) {
+    for (auto& [t, e] : s.entries) {
       if (!e.started) {
         todo = &e;
         ticket = t;
@@ -63,44 +68,50 @@ void ChunkPipeline::RunJob() {
   if (todo != nullptr) {
     todo->started = true;
     todo->counted = true;
-    --unstarted_;
-    ++ahead_;
+    --s.unstarted;
+    ++s.ahead;
+    ++s.parsing;
     const uint64_t chunk = todo->chunk;
     lock.unlock();
-    dataset_->WillNeed(chunk);
+    absl::Status admitted = s.options.admit ? s.options.admit(chunk) : absl::OkStatus();
+    if (admitted.ok()) s.dataset->WillNeed(chunk);
     const auto t0 = std::chrono::steady_clock::now();
-    auto parsed = dataset_->SharedChunk(chunk);
+    absl::StatusOr<std::shared_ptr<const ParsedChunk>> parsed =
+        admitted.ok() ? s.dataset->SharedChunk(chunk) : absl::StatusOr<std::shared_ptr<const ParsedChunk>>(admitted);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
-    parse_seconds_ += secs;
-    ++chunks_parsed_;
-    if (auto found = entries_.find(ticket); found != entries_.end()) {  // else released while parsed
+    --s.parsing;
+    s.parse_seconds += secs;
+    if (admitted.ok()) ++s.chunks_parsed;
+    if (auto found = s.entries.find(ticket); found != s.entries.end()) {  // else released while parsed
       Entry& e = found->second;
       e.done = true;
       if (parsed.ok()) {
         e.data = std::move(*parsed);
-        if (options_.keep_all) kept_[chunk] = e.data;
+        if (s.options.keep_all) s.kept[chunk] = e.data;
       } else {
         e.status = parsed.status();
       }
-      done_cv_.notify_all();
+      s.done_cv.notify_all();
     }
   }
-  --jobs_;
-  Schedule();
-  idle_cv_.notify_all();
+  --s.jobs;
+  Schedule(state);
+  s.idle_cv.notify_all();
 }
 
 absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = entries_.find(ticket);
-  if (it == entries_.end()) return absl::InternalError("unknown chunk ticket");
-  done_cv_.wait(lock, [&] { return it->second.done; });
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  auto it = s.entries.find(ticket);
+  if (it == s.entries.end()) return absl::InternalError("unknown chunk ticket");
+  s.done_cv.wait(lock, [&] { return it->second.done || s.cancelled; });
+  if (s.cancelled) return absl::CancelledError("the stream was cancelled");
   if (!it->second.taken) {
     it->second.taken = true;
     if (it->second.counted) {  // a job may now run one chunk further ahead
-      --ahead_;
-      Schedule();
+      --s.ahead;
+      Schedule(state_);
     }
   }
   if (!it->second.status.ok()) return it->second.status;
@@ -108,23 +119,32 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
 }
 
 void ChunkPipeline::Release(uint64_t ticket) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(ticket);
-  if (it == entries_.end()) return;
-  if (!it->second.started) --unstarted_;
-  if (it->second.counted && !it->second.taken) --ahead_;
-  entries_.erase(it);
-  Schedule();
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.entries.find(ticket);
+  if (it == s.entries.end()) return;
+  if (!it->second.started) --s.unstarted;
+  if (it->second.counted && !it->second.taken) --s.ahead;
+  s.entries.erase(it);
+  Schedule(state_);
+}
+
+void ChunkPipeline::Cancel() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.cancelled = true;
+  s.stop = true;  // no further parse jobs start; the destructor still waits for running ones
+  s.done_cv.notify_all();
 }
 
 uint64_t ChunkPipeline::chunks_parsed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return chunks_parsed_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->chunks_parsed;
 }
 
 double ChunkPipeline::parse_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return parse_seconds_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->parse_seconds;
 }
 
 }  // namespace conveyor

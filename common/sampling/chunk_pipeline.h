@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,10 @@ struct ChunkPipelineOptions {
   int prefetch = 2;   // chunks parsed ahead of the consumer, >= 1
   bool keep_all = false;
   ParserPool* pool = nullptr;  // shared threads (must outlive the pipeline); nullptr: own pool
+  // Asked before a chunk is parsed (not for one kept in memory): an error (e.g. a memory
+  // budget's ResourceExhausted) becomes that chunk's error instead of parsing it. Called on
+  // a parser thread; must be thread-safe and quick.
+  std::function<absl::Status(uint64_t chunk_id)> admit;
 };
 
 class ChunkPipeline {
@@ -40,8 +45,12 @@ class ChunkPipeline {
 
   // Schedules `chunk_id`; returns its ticket (tickets count up from 0).
   uint64_t Enqueue(uint64_t chunk_id);
-  // Waits for the ticket's chunk. Errors: the parse error (DataLoss beyond maxErrors).
+  // Waits for the ticket's chunk. Errors: the parse error (DataLoss beyond maxErrors);
+  // Cancelled once Cancel() was called.
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t ticket);
+  // Thread-safe: wakes every Get() with Cancelled and starts no more parses (those running
+  // finish their chunk).
+  void Cancel();
   // The consumer is done with the ticket.
   void Release(uint64_t ticket);
 
@@ -56,27 +65,35 @@ class ChunkPipeline {
     absl::Status status;
     std::shared_ptr<const ParsedChunk> data;
   };
-  // Submits parse jobs while there is work, room ahead and thread budget (mu_ held).
-  void Schedule();
+  // Everything a parse job touches. Jobs hold it by shared_ptr, so that a job still queued
+  // in a shared pool when the pipeline goes away finds `stop` and returns without touching
+  // the pipeline or the dataset: the destructor waits only for jobs already parsing.
+  struct State {
+    const Dataset* dataset = nullptr;
+    ChunkPipelineOptions options;
+    ParserPool* pool = nullptr;
+    std::mutex mu;
+    std::condition_variable done_cv, idle_cv;
+    std::map<uint64_t, Entry> entries;  // by ticket
+    std::map<uint64_t, std::shared_ptr<const ParsedChunk>> kept;  // by chunk id (keep_all)
+    uint64_t next_ticket = 0;
+    uint64_t ahead = 0;      // started or done, not yet taken
+    uint64_t unstarted = 0;  // entries no job has started
+    uint64_t jobs = 0;       // jobs submitted and not finished
+    uint64_t unclaimed = 0;  // of those, not yet running
+    uint64_t parsing = 0;    // of those, parsing a chunk now
+    uint64_t chunks_parsed = 0;
+    double parse_seconds = 0;
+    bool stop = false;
+    bool cancelled = false;
+  };
+  // Submits parse jobs while there is work, room ahead and thread budget (mu held).
+  static void Schedule(const std::shared_ptr<State>& s);
   // One job: parses the first unstarted chunk, if any.
-  void RunJob();
+  static void RunJob(const std::shared_ptr<State>& s);
 
-  const Dataset* const dataset_;
-  const ChunkPipelineOptions options_;
   std::unique_ptr<ParserPool> own_pool_;
-  ParserPool* pool_;
-  mutable std::mutex mu_;
-  std::condition_variable done_cv_, idle_cv_;
-  std::map<uint64_t, Entry> entries_;  // by ticket
-  std::map<uint64_t, std::shared_ptr<const ParsedChunk>> kept_;  // by chunk id (keep_all)
-  uint64_t next_ticket_ = 0;
-  uint64_t ahead_ = 0;  // started or done, not yet taken
-  uint64_t unstarted_ = 0;  // entries no job has started
-  uint64_t jobs_ = 0;       // jobs submitted and not finished
-  uint64_t unclaimed_ = 0;  // of those, not yet running
-  uint64_t chunks_parsed_ = 0;
-  double parse_seconds_ = 0;
-  bool stop_ = false;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace conveyor

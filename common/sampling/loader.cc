@@ -26,6 +26,7 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
   po.threads = options.threads;
   po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
   po.keep_all = dataset->config().keep_data_in_memory;
+  po.admit = options.admit_chunk;
   lookahead_chunks_ = static_cast<uint64_t>(po.prefetch);
   pipeline_ = std::make_unique<ChunkPipeline>(dataset, po);
 }
@@ -49,6 +50,11 @@ void Loader::Unref(uint64_t ticket) {
   }
 }
 
+void Loader::Cancel() {
+  cancelled_.store(true);
+  pipeline_->Cancel();
+}
+
 void Loader::PrefetchAhead() {
   // Truncated BPTT assigns sequences to slots, not chunks to ranks: it reads on demand.
   if (bptt_) return;
@@ -62,9 +68,14 @@ void Loader::PrefetchAhead() {
     prefetch_pos_ = at.segment;
     prefetch_order_ = ChunkOrder(n, o.randomizer, prefetch_sweep_);
   }
-  // Positions up to `lookahead_chunks_` owned chunks beyond the planner's segment.
+  // Positions up to `lookahead_chunks_` owned chunks beyond the planner's segment, and no
+  // further than one sweep (n positions) ahead of it: a rank that owns no chunk, or a
+  // dataset whose every chunk is open already, must not walk the sweeps of every epoch.
   const uint64_t last_sweep = planner_->last_sweep();
-  while (scheduled_ahead_ < lookahead_chunks_ && prefetch_sweep_ <= last_sweep) {
+  using u128 = unsigned __int128;
+  const u128 horizon = static_cast<u128>(at.sweep) * n + at.segment + n;
+  while (scheduled_ahead_ < lookahead_chunks_ && prefetch_sweep_ <= last_sweep &&
+         static_cast<u128>(prefetch_sweep_) * n + prefetch_pos_ < horizon) {
     const uint64_t pos = prefetch_pos_;
     if (pos % o.world == o.rank) {
       const uint32_t chunk = prefetch_order_[pos];
@@ -84,8 +95,11 @@ void Loader::PrefetchAhead() {
 void Loader::PlanAhead() {
   // At least one batch planned; then more while fewer than `lookahead_chunks_` chunks are
   // scheduled ahead of the consumer (bounded, for datasets of very few chunks).
+  // Pieces planned ahead are bounded too: a minibatch of 2^24 frames is 2^24 pieces.
   const size_t max_planned = 4 + 4 * lookahead_chunks_;
-  while (!planner_done_ && (planned_.empty() || (scheduled_ahead_ < lookahead_chunks_ && planned_.size() < max_planned))) {
+  while (!planner_done_ && !cancelled_.load() &&
+         (planned_.empty() ||
+          (scheduled_ahead_ < lookahead_chunks_ && planned_.size() < max_planned && planned_pieces_ < kMaxPiecesAhead))) {
     std::optional<PlannedBatch> b = planner_->Next();
     if (!b) {
       planner_done_ = true;
@@ -113,6 +127,7 @@ void Loader::PlanAhead() {
     std::sort(p.distinct.begin(), p.distinct.end());
     p.distinct.erase(std::unique(p.distinct.begin(), p.distinct.end()), p.distinct.end());
     for (uint64_t t : p.distinct) ++ticket_refs_[t];
+    planned_pieces_ += p.batch.pieces.size();
     for (uint32_t c : p.batch.exhausted_chunks) {
       auto it = open_.find(c);
       if (it == open_.end()) continue;
@@ -148,10 +163,13 @@ absl::StatusOr<bool> Loader::Next(Batch* out, const BatchDestination& destinatio
 }
 
 absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
+  if (cancelled_.load()) return absl::CancelledError("the stream was cancelled");
   PlanAhead();
+  if (cancelled_.load()) return absl::CancelledError("the stream was cancelled");
   if (planned_.empty()) return false;
   Planned p = std::move(planned_.front());
   planned_.pop_front();
+  planned_pieces_ -= p.batch.pieces.size();
   auto f = std::make_unique<InFlight>();
   std::vector<PieceRef>& refs = f->refs;
   refs.reserve(p.batch.pieces.size());

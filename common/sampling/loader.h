@@ -6,6 +6,7 @@
 // are parsed and resident at any time, unless keepDataInMemory.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -33,6 +34,8 @@ struct LoaderOptions {
   std::optional<CursorState> resume;  // continue after the batch this state follows
   std::vector<OutputLayout> layouts;  // per stream (empty: all native)
   ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
+  // Asked before each chunk is parsed (ChunkPipelineOptions::admit); empty: always.
+  std::function<absl::Status(uint64_t chunk_id)> admit_chunk;
 };
 
 // One assembled batch. `bytes` is valid until the next call to Loader::Next().
@@ -78,6 +81,12 @@ class Loader {
   absl::Status Complete(Batch* out);
   size_t in_flight() const { return in_flight_.size(); }
 
+  // Stops the loader from any thread: a Next() or Begin() waiting for a chunk returns
+  // Cancelled at once, and so does every later one (Complete() still completes batches
+  // begun). Planning checks it between minibatches, and no call plans or prefetches more
+  // than O(chunks + window) without checking it.
+  void Cancel();
+
   const ChunkPipeline& pipeline() const { return *pipeline_; }
   // Chunks currently scheduled or held (for memory tests).
   size_t open_chunks() const { return open_.size() + closed_.size(); }
@@ -109,8 +118,12 @@ class Loader {
   std::unique_ptr<ChunkPipeline> pipeline_;
   const bool bptt_;
   const std::vector<OutputLayout> layouts_;
+  // Pieces planned ahead of the consumer, at most (beyond the one batch always planned).
+  static constexpr size_t kMaxPiecesAhead = size_t{1} << 20;
   uint64_t lookahead_chunks_;
+  std::atomic<bool> cancelled_{false};
   std::deque<Planned> planned_;
+  size_t planned_pieces_ = 0;
   bool planner_done_ = false;
   std::map<uint32_t, uint64_t> open_;       // chunk id -> ticket the plan may still add to
   std::set<uint64_t> closed_;               // tickets the plan is done with, still referenced

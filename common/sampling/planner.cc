@@ -5,6 +5,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace conveyor {
+namespace {
+
+// a * b, or UINT64_MAX when it does not fit: timeline positions are sample counts, and a
+// request may ask for epochs of nearly 2^64 samples.
+uint64_t SaturatingMul(uint64_t a, uint64_t b) {
+  const unsigned __int128 p = static_cast<unsigned __int128>(a) * b;
+  return p > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(p);
+}
+
+}  // namespace
 
 bool CursorState::operator==(const CursorState& o) const {
   if (epoch != o.epoch || batch != o.batch || sweep != o.sweep || segment != o.segment ||
@@ -51,7 +61,7 @@ Planner::Planner(const Index* index, const PlannerOptions& options) : index_(ind
 
 uint64_t Planner::last_sweep() const {
   if (index_->total_samples == 0) return 0;
-  const uint64_t end = options_.epochs * epoch_size_;  // samples of the timeline planned
+  const uint64_t end = SaturatingMul(options_.epochs, epoch_size_);  // samples of the timeline planned
   return end == 0 ? 0 : (end - 1) / index_->total_samples;
 }
 
@@ -153,6 +163,19 @@ std::optional<PlannedBatch> Planner::Next() {
   while (state_.epoch < options_.epochs) {
     auto b = options_.truncation > 0 ? NextTruncated() : NextFrameOrSequence();
     if (b) return b;
+    // An epoch in which no unit starts (epochs shorter than a unit): the next unit starts in
+    // epoch Position() / epochSize, and every epoch before it is empty too. Skip them at
+    // once rather than one by one (2^32 empty epochs must cost nothing). Not while a BPTT
+    // slot still drains a sequence: its steps belong to the epoch it started in.
+    bool draining = false;
+    for (const auto& slot : state_.slots) draining = draining || slot.active;
+    if (draining) continue;
+    if (Peek() == nullptr) break;
+    const uint64_t next_epoch = Position() / epoch_size_;
+    if (next_epoch > state_.epoch) {
+      state_.epoch = next_epoch;
+      state_.batch = 0;
+    }
   }
   return std::nullopt;
 }
@@ -168,7 +191,7 @@ void Planner::Step(PlannedBatch* b) {
 }
 
 std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
-  const uint64_t epoch_end = (state_.epoch + 1) * epoch_size_;
+  const uint64_t epoch_end = SaturatingMul(state_.epoch + 1, epoch_size_);
   PlannedBatch b;
   b.epoch = state_.epoch;
   b.batch = state_.batch;
@@ -200,7 +223,7 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
 }
 
 std::optional<PlannedBatch> Planner::NextTruncated() {
-  const uint64_t epoch_end = (state_.epoch + 1) * epoch_size_;
+  const uint64_t epoch_end = SaturatingMul(state_.epoch + 1, epoch_size_);
   const uint32_t T = options_.truncation;
   PlannedBatch b;
   b.epoch = state_.epoch;

@@ -48,6 +48,12 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
   p.truncation = r.truncation > 0 ? r.truncation
                                   : (config.truncated ? static_cast<uint32_t>(config.truncation_length) : 0);
   p.parallel = r.parallel;
+  if (uint64_t{p.truncation} * p.parallel > kMaxMinibatchSize) {
+    // T x N steps make one BPTT minibatch: the same bound as minibatch_size.
+    return absl::InvalidArgumentError(absl::StrCat("truncation x parallel (", p.truncation, " x ", p.parallel,
+                                                   " steps) must be at most ", kMaxMinibatchSize,
+                                                   ", the largest minibatch"));
+  }
   if (p.truncation > 0 && rz.frame_mode) {
     return absl::InvalidArgumentError("frame mode and truncated BPTT cannot be combined (CNTK refuses it too)");
   }

@@ -13,48 +13,11 @@
 
 #include "client/cpp/conveyor_client.h"
 #include "gtest/gtest.h"
+#include "tests/server/daemon_process.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
 namespace {
-
-class DaemonProcess {
- public:
-  explicit DaemonProcess(const std::string& dir) {
-    const std::string port_file = dir + "/port." + std::to_string(++count_);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execl(CONVEYORD_BINARY, "conveyord", (std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml").c_str(),
-              "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--no-unix", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200 && port_.empty(); ++i) {
-      std::ifstream in(port_file);
-      std::string p;
-      if (in >> p) port_ = p;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-  }
-  ~DaemonProcess() { Kill(SIGKILL); }
-  void Signal(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
-  std::string address() const { return "127.0.0.1:" + port_; }
-  bool started() const { return !port_.empty(); }
-  int Kill(int sig) {
-    if (pid_ <= 0) return -1;
-    ::kill(pid_, sig);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return status;
-  }
-
- private:
-  static inline int count_ = 0;
-  pid_t pid_ = -1;
-  std::string port_;
-};
 
 v1::Subscribe Sub() {
   v1::Subscribe s;

@@ -22,85 +22,11 @@
 #include "gtest/gtest.h"
 #include "cuda/cuda_backend.h"
 #include "server/loader_service.h"
+#include "tests/server/test_daemon.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
 namespace {
-
-const std::string kExamples = std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml";
-
-class Daemon {
- public:
-  explicit Daemon(ServiceOptions options = {}, const std::string& config_path = kExamples) {
-    auto config = LoadConfigFile(config_path);
-    EXPECT_TRUE(config.ok()) << config.status();
-    auto registry = DatasetRegistry::Open(*config, 2);
-    EXPECT_TRUE(registry.ok()) << registry.status();
-    auto fds = FdServer::Start(dir_.path() + "/d.sock.fd");
-    EXPECT_TRUE(fds.ok()) << fds.status();
-    fd_server_ = std::move(*fds);
-    options.fd_server = fd_server_.get();
-    service_ = std::make_unique<LoaderService>(std::move(*registry), options);
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    socket_ = dir_.path() + "/d.sock";
-    b.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    b.SetMaxReceiveMessageSize(1 << 20);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-  }
-  ~Daemon() {
-    service_->Drain();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    server_->Wait();
-  }
-  std::string tcp() const { return "127.0.0.1:" + std::to_string(port_); }
-  std::string unix_socket() const { return "unix:" + socket_; }
-  LoaderService& service() { return *service_; }
-
- private:
-  TempDir dir_;
-  std::unique_ptr<FdServer> fd_server_;
-  std::unique_ptr<LoaderService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::string socket_;
-};
-
-v1::Subscribe Sub(const std::string& dataset, uint64_t mb, bool randomize = true, uint64_t seed = 3) {
-  v1::Subscribe s;
-  s.set_dataset(dataset);
-  s.set_minibatch_size(mb);
-  s.set_randomize(randomize);
-  s.set_seed(seed);
-  return s;
-}
-
-// Everything a subscription delivers, in the dump format.
-absl::StatusOr<std::string> Drain(Subscription* sub, uint64_t max_batches = UINT64_MAX) {
-  std::string out;
-  ReceivedBatch b;
-  for (uint64_t n = 0; n < max_batches; ++n) {
-    auto more = sub->Next(&b);
-    if (!more.ok()) return more.status();
-    if (!*more) break;
-    AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &out);
-  }
-  return out;
-}
-
-std::string LocalDump(const std::string& dataset, uint64_t mb, const StreamRequest& extra = {}) {
-  auto config = LoadConfigFile(kExamples);
-  ReadOptions ro;
-  ro.minibatch_size = mb;
-  ro.cursors = true;
-  ro.request = extra;
-  if (!ro.request.randomize) ro.request.randomize = true;
-  if (!ro.request.seed) ro.request.seed = 3;
-  auto out = DumpDataset(*config->Find(dataset), ro);
-  EXPECT_TRUE(out.ok()) << out.status();
-  return out.ok() ? *out : "";
-}
 
 // Truncated BPTT (5 steps, 4 parallel sequences) over "sequences": what dump prints.
 void ExpectTruncatedStreamMatchesDump(Client* client) {
@@ -157,17 +83,6 @@ TEST(Service, SequencesAndTruncatedStreamsMatchDumpToo) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, LocalDump("sequences", 40));
   ExpectTruncatedStreamMatchesDump(client->get());
-}
-
-std::multiset<std::string> Keys(const std::string& dump) {
-  std::multiset<std::string> keys;
-  std::istringstream in(dump);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = line.find("\"key\":\"");
-    if (at != std::string::npos) keys.insert(line.substr(at + 7, line.find('"', at + 7) - at - 7));
-  }
-  return keys;
 }
 
 TEST(Service, SixteenConcurrentRanksAreDisjointAndComplete) {
@@ -354,28 +269,6 @@ TEST(Service, SubscribersShareABoundedParserPool) {
     r.seed = i;
     EXPECT_EQ(outs[i], LocalDump("sparse", 64, r)) << "subscriber " << i;
   }
-}
-
-// Sends raw requests (no client library) to check what the daemon refuses.
-grpc::Status RawStream(const std::string& address, const std::vector<v1::StreamRequest>& requests) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  auto stub = v1::Loader::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  auto stream = stub->Stream(&ctx);
-  for (const auto& r : requests) stream->Write(r);
-  v1::StreamResponse resp;
-  while (stream->Read(&resp)) {
-    if (resp.has_end()) break;
-  }
-  stream->WritesDone();
-  return stream->Finish();
-}
-
-v1::StreamRequest SubscribeRequest(const v1::Subscribe& s) {
-  v1::StreamRequest r;
-  *r.mutable_subscribe() = s;
-  return r;
 }
 
 TEST(Service, RefusesMalformedRequests) {

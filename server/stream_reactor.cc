@@ -1,0 +1,451 @@
+#include "server/stream_reactor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <sys/mman.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire.h"
+#include "server/loader_service.h"
+#include "server/status_convert.h"
+
+namespace conveyor {
+
+// An inline batch's buffer: pages of its own (mmap), so that freeing it gives the memory
+// back to the system at once. From malloc, a large buffer freed by a producer thread would
+// stay in that thread's arena (the allocator is tuned to keep freed memory for reuse, and
+// malloc_trim cannot shrink a thread arena's top).
+struct StreamReactor::InlineBytes {
+  InlineBytes() = default;
+  InlineBytes(const InlineBytes&) = delete;
+  InlineBytes& operator=(const InlineBytes&) = delete;
+  ~InlineBytes() {
+    if (data != nullptr) ::munmap(data, size);
+  }
+  std::byte* data = nullptr;
+  uint64_t size = 0;
+  Reservation reservation;  // of the daemon's budget, until the last part is written
+};
+
+// A message to write. Inline parts carry their bytes by reference until written.
+struct StreamReactor::Outgoing {
+  v1::StreamResponse message;
+  std::shared_ptr<InlineBytes> bytes;
+  uint64_t offset = 0, size = 0;
+};
+
+struct StreamReactor::BegunBatch {  // begun by the loader, not yet published
+  uint64_t serial = 0;
+  std::vector<v1::StreamResponse> announcements;  // new segments, sent before the batch
+  std::shared_ptr<InlineBytes> bytes;              // inline: where it is assembled
+  BatchSlots::Slot slot;                           // shared memory, CUDA IPC
+};
+
+StreamReactor::StreamReactor(LoaderService* service) : service_(service) {
+  if (service_->options_.metrics) service_->options_.metrics->StreamStarted();
+  StartRead(&request_);
+}
+
+void StreamReactor::Refuse(const grpc::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  producer_done_ = true;
+  FinishLocked(status);
+}
+
+void StreamReactor::FinishLocked(const grpc::Status& status) {
+  if (finish_called_) return;
+  final_status_ = status;
+  if (writing_) return;  // OnWriteDone finishes
+  finish_called_ = true;
+  Finish(status);
+}
+
+void StreamReactor::StopLocked() {
+  stop_ = true;
+  if (loader_) loader_->Cancel();
+  cv_.notify_all();
+}
+
+// ------------------------------------------------------------------ reactions
+
+void StreamReactor::OnReadDone(bool ok) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ok) {  // the client closed its side (or the call ended)
+    if (!subscribed_) {
+      producer_done_ = true;
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream closed before a subscribe message"));
+    }
+    return;
+  }
+  if (finish_called_ || !final_status_.ok()) return;
+  if (!subscribed_) {
+    if (!request_.has_subscribe()) {
+      producer_done_ = true;
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first message must be a subscribe"));
+      return;
+    }
+    subscribed_ = true;
+    if (draining_) {
+      producer_done_ = true;
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down"));
+      return;
+    }
+    // Everything that takes time (the dataset's cursor, the loader) happens on the
+    // producer's thread.
+    subscribe_ = std::move(*request_.mutable_subscribe());
+    producer_running_ = true;
+    std::thread([this] { Run(); }).detach();
+  } else if (request_.has_ack()) {
+    const uint64_t serial = request_.ack().serial();
+    if (outstanding_.erase(serial) == 0) {
+      StopLocked();
+      FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                absl::StrCat("ack for batch ", serial, ", which is not outstanding")));
+      return;
+    }
+    ++credits_;
+    if (service_->options_.metrics) service_->options_.metrics->InFlight(-1);
+    if (slots_) slots_->Free(serial);
+    cv_.notify_all();
+  } else {
+    StopLocked();
+    FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected an ack after the subscribe"));
+    return;
+  }
+  lock.unlock();
+  StartRead(&request_);
+}
+
+void StreamReactor::Pump() {
+  if (finish_called_ || writing_) return;
+  if (!queue_.empty()) {
+    Outgoing o = std::move(queue_.front());
+    queue_.pop_front();
+    current_ = std::move(o.message);
+    if (o.bytes) {
+      v1::InlinePayload* p =
+          current_.has_batch() ? current_.mutable_batch()->mutable_payload() : current_.mutable_more()->mutable_payload();
+      p->set_data(reinterpret_cast<const char*>(o.bytes->data) + o.offset, o.size);
+    }
+    // `o` goes here: after a batch's last part, its buffer is freed.
+    writing_ = true;
+    StartWrite(&current_);
+    return;
+  }
+  if (producer_done_) {
+    finish_called_ = true;
+    Finish(final_status_);
+  }
+}
+
+void StreamReactor::OnWriteDone(bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  writing_ = false;
+  current_.Clear();
+  if (!ok) {  // the client went away
+    StopLocked();
+    queue_.clear();
+    if (!finish_called_) {
+      finish_called_ = true;
+      final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+      Finish(final_status_);
+    }
+    return;
+  }
+  if (!final_status_.ok() && !finish_called_ && (stop_ || producer_done_) && !draining_) {
+    // An error while a write was in flight: finish now.
+    queue_.clear();
+    finish_called_ = true;
+    Finish(final_status_);
+    return;
+  }
+  Pump();
+}
+
+void StreamReactor::OnCancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  StopLocked();
+  queue_.clear();
+  if (!finish_called_) final_status_ = grpc::Status::CANCELLED;
+  if (!finish_called_ && !writing_) {
+    finish_called_ = true;
+    Finish(grpc::Status::CANCELLED);
+  }
+}
+
+void StreamReactor::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  StopLocked();
+  if (!producer_running_) {
+    producer_done_ = true;
+    if (final_status_.ok()) final_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down");
+  }
+  Pump();
+}
+
+void StreamReactor::OnDone() {
+  bool destroy = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    StopLocked();
+    queue_.clear();
+    destroy = !producer_running_ || producer_exited_;
+  }
+  if (destroy) Destroy();
+}
+
+void StreamReactor::Destroy() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a drain may still look at the queue
+    if (Metrics* m = service_->options_.metrics) {
+      m->InFlight(-static_cast<double>(outstanding_.size()));
+      m->StreamEnded(final_status_.error_code());
+    }
+    slots_.reset();
+    queue_.clear();
+    current_.Clear();
+  }
+  service_->releaser_.Request();
+  service_->Unregister(this);  // the service may be gone after this
+  delete this;
+}
+
+// ------------------------------------------------------------------ the producer
+
+void StreamReactor::Run() {
+  SetupEnv env;
+  env.registry = service_->registry_.get();
+  env.options = &service_->options_;
+  env.pool = service_->pool_;
+  env.chunk_cache_bytes = service_->chunk_cache_bytes_;
+  auto setup = SetUpStream(subscribe_, env);
+  bool run = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!setup.ok()) {
+      final_status_ = ToGrpc(setup.status());
+    } else {
+      dataset_ = setup->dataset;
+      resolved_ = std::move(setup->resolved);
+      assembler_ = std::move(setup->assembler);
+      loader_ = std::move(setup->loader);
+      transport_ = setup->transport;
+      credits_ = credits_total_ = setup->credits;
+      if (transport_ != StreamTransport::kInline) {
+        const ServiceOptions& o = service_->options_;
+        BatchSlotsOptions so;
+        so.device = transport_ == StreamTransport::kCudaIpc;
+        so.cuda_device = setup->cuda_device;
+        so.credits = credits_total_;
+        so.min_slot_bytes = o.min_slot_bytes;
+        so.slot_headroom = o.slot_headroom;
+        so.subscription_bytes = o.subscription_bytes;
+        so.in_flight = &service_->in_flight_;
+        so.fd_server = o.fd_server;
+        slots_ = std::make_unique<BatchSlots>(so);
+      }
+      if (stop_) loader_->Cancel();
+      run = true;
+    }
+  }
+  if (run) Produce();
+  // Nothing may write into slots or buffers once the loader is gone.
+  if (loader_) {
+    while (loader_->in_flight() > 0) {
+      Batch discarded;
+      (void)loader_->Complete(&discarded);
+    }
+  }
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<BatchAssembler> assembler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    producer_done_ = true;
+    if (draining_ && final_status_.ok()) {
+      final_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   absl::StrCat("conveyord is shutting down; resume with cursor ", last_cursor_));
+    }
+    loader = std::move(loader_);
+    assembler = std::move(assembler_);
+    Pump();
+  }
+  // Waits for this stream's parse jobs: here, not on a gRPC thread.
+  loader.reset();
+  assembler.reset();
+  service_->releaser_.Request();
+  bool destroy = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    producer_exited_ = true;
+    destroy = done_;
+  }
+  if (destroy) Destroy();
+}
+
+absl::StatusOr<absl::Span<std::byte>> StreamReactor::Destination(BegunBatch* at, uint64_t bytes) {
+  // `credits` batches of this size must fit the subscription's budget, whether or not the
+  // subscriber holds them now: the outcome depends on the request and the data, not on
+  // timing.
+  const ServiceOptions& o = service_->options_;
+  if (static_cast<unsigned __int128>(bytes) * credits_total_ > o.subscription_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "batch ", at->serial, " of ", bytes, " bytes x ", credits_total_,
+        " credits exceeds the subscription budget server.subscriptionBytes (", o.subscription_bytes,
+        " bytes): ask for fewer credits or smaller batches (a sparse stream as CSC or CSR rather than dense)"));
+  }
+  if (slots_) {
+    auto slot = slots_->Take(at->serial, bytes, &at->announcements);
+    if (!slot.ok()) return slot.status();
+    at->slot = *slot;
+    return absl::MakeSpan(at->slot.data, bytes);
+  }
+  absl::Status st = service_->in_flight_.Reserve(bytes, absl::StrCat("a batch of ", bytes, " bytes"));
+  if (!st.ok()) return st;
+  auto b = std::make_shared<InlineBytes>();
+  b->reservation = Reservation(&service_->in_flight_, bytes);
+  const uint64_t mapped = std::max<uint64_t>(bytes, 1);
+  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a batch of ", bytes, " bytes"));
+  b->data = static_cast<std::byte*>(p);
+  b->size = mapped;
+  at->bytes = std::move(b);
+  return absl::MakeSpan(at->bytes->data, bytes);
+}
+
+void StreamReactor::Produce() {
+  // Up to two batches in flight: batch k+1 is planned and begun while batch k is assembled
+  // (by the device: CUDA IPC, --assembler cuda), and k is published once it is complete.
+  // Each batch begun holds a credit until it is published. The CPU assembler completes a
+  // batch as it begins it: one at a time.
+  const size_t depth = assembler_->pipelined() ? 2 : 1;
+  std::deque<std::unique_ptr<BegunBatch>> begun;
+  uint64_t serial = 0;  // the next batch to begin (only this thread advances them)
+  bool ended = false;
+  absl::Status failed;
+  while (true) {
+    bool may_begin = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (begun.empty() && !ended && failed.ok()) cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
+      if (stop_ && !draining_) break;  // cancelled: nothing more is sent
+      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < depth;
+    }
+    if (may_begin) {
+      // The batch is assembled straight into where it travels from: a shared-memory or
+      // device slot, or the buffer its messages' parts are copied from.
+      auto b = std::make_unique<BegunBatch>();
+      b->serial = serial;
+      BegunBatch* at = b.get();
+      auto more = loader_->Begin([this, at](uint64_t size) { return Destination(at, size); });
+      if (!more.ok()) {
+        // A drain cancels the loader: the batches begun are still sent. Otherwise the error
+        // ends the stream after them.
+        if (!absl::IsCancelled(more.status())) failed = more.status();
+        else ended = true;
+      } else if (!*more) {
+        ended = true;
+      } else {
+        begun.push_back(std::move(b));
+        ++serial;
+        continue;  // begin another while this one is assembled, if credits allow
+      }
+    }
+    if (begun.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ && !draining_) break;
+      if (!failed.ok()) {
+        final_status_ = ToGrpc(failed);
+        break;
+      }
+      if (draining_) break;
+      if (ended) {
+        v1::StreamResponse end;
+        end.mutable_end()->set_cursor(last_cursor_);
+        end.mutable_end()->set_batches(next_serial_);
+        queue_.push_back(Outgoing{std::move(end), nullptr, 0, 0});
+        break;
+      }
+      continue;  // waits for a credit
+    }
+    Batch batch;
+    absl::Status done = loader_->Complete(&batch);
+    if (!done.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_status_ = ToGrpc(done);
+      break;
+    }
+    std::unique_ptr<BegunBatch> b = std::move(begun.front());
+    begun.pop_front();
+    if (!Publish(batch, b.get())) break;
+  }
+}
+
+bool StreamReactor::Publish(const Batch& batch, BegunBatch* b) {
+  const std::string cursor = resolved_.Encode(batch.after);
+  const uint64_t total = batch.plan.total_bytes;
+  std::vector<Outgoing> out;
+  for (auto& a : b->announcements) out.push_back(Outgoing{std::move(a), nullptr, 0, 0});
+  Outgoing first;
+  v1::BatchDescriptor* d = first.message.mutable_batch();
+  d->set_serial(b->serial);
+  d->set_epoch(batch.epoch);
+  d->set_batch(batch.index);
+  d->set_end_of_epoch(batch.end_of_epoch);
+  d->set_end_of_sweep(batch.end_of_sweep);
+  d->set_cursor(cursor);
+  PlanToDescriptor(batch.plan, d);
+  if (transport_ == StreamTransport::kSharedMemory) {
+    d->mutable_shm()->set_segment(b->slot.segment);
+    d->mutable_shm()->set_offset(b->slot.offset);
+    out.push_back(std::move(first));
+  } else if (transport_ == StreamTransport::kCudaIpc) {
+    d->mutable_cuda_ipc()->set_segment(b->slot.segment);
+    d->mutable_cuda_ipc()->set_offset(b->slot.offset);
+    out.push_back(std::move(first));
+  } else {
+    // Parts reference the one buffer; each copies its bytes out only when it is written.
+    const uint64_t part = service_->options_.inline_part_bytes;
+    d->set_parts(static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part)));
+    d->mutable_payload()->set_offset(0);
+    first.bytes = b->bytes;
+    first.size = std::min(part, total);
+    out.push_back(std::move(first));
+    for (uint64_t off = part; off < total; off += part) {
+      Outgoing more;
+      more.message.mutable_more()->set_serial(b->serial);
+      more.message.mutable_more()->mutable_payload()->set_offset(off);
+      more.bytes = b->bytes;
+      more.offset = off;
+      more.size = std::min(part, total - off);
+      out.push_back(std::move(more));
+    }
+    b->bytes.reset();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_ && !draining_) return false;  // cancelled while making it
+  --credits_;
+  ++next_serial_;
+  outstanding_.insert(b->serial);
+  if (Metrics* m = service_->options_.metrics) {
+    const char* transport = transport_ == StreamTransport::kSharedMemory ? "shm"
+                            : transport_ == StreamTransport::kCudaIpc    ? "cuda_ipc"
+                                                                         : "inline";
+    m->Served(dataset_->config().name, transport, total, batch.plan.num_samples);
+    m->InFlight(1);
+    const double parsed = loader_->pipeline().parse_seconds();
+    m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);
+    parse_seconds_reported_ = parsed;
+    m->Occupancy(dataset_->config().name, dataset_->resident_chunks(), dataset_->resident_bytes(),
+                 service_->pool_->queued(), service_->pool_->busy());
+  }
+  last_cursor_ = cursor;
+  for (auto& o : out) queue_.push_back(std::move(o));
+  Pump();
+  return true;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,103 @@
+// stream_reactor.h: one Stream call of conveyor.v1.Loader on gRPC's callback API. The
+// reactor owns its subscription: a producer thread of its own sets the stream up (checks the
+// Subscribe, resolves the cursor, makes the loader) and then runs the loader while the
+// subscriber has credit; reactions only move messages between a bounded queue and the one
+// write in flight, and never wait for the producer. Cancelling, a client going away or a
+// drain cancel the loader (a producer waiting for a chunk returns at once); the reactor is
+// deleted by whichever of OnDone() and the producer's exit comes last, so no gRPC thread
+// ever waits for a producer.
+//
+// Inline batches are assembled into one buffer each; their messages (the descriptor with
+// the first part, then `more` parts) copy their part out of it only when they are written,
+// so a batch is held once, and its buffer (and its share of the daemon's budget) is freed
+// when its last part is written.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/sampling/loader.h"
+#include "conveyor/v1/conveyor.grpc.pb.h"
+#include "server/batch_slots.h"
+#include "server/memory_budget.h"
+#include "server/stream_setup.h"
+
+namespace conveyor {
+
+class LoaderService;
+
+class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+ public:
+  // `service` must outlive the reactor (LoaderService waits for every reactor it made).
+  explicit StreamReactor(LoaderService* service);
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+  // The daemon drains: send the batches begun, then end with UNAVAILABLE and the last cursor.
+  void Drain();
+  // Finishes right away with `status` (before any subscription exists).
+  void Refuse(const grpc::Status& status);
+
+ private:
+  struct InlineBytes;
+  struct Outgoing;
+  struct BegunBatch;
+
+  // The producer thread: setup, then Produce(), then its share of the teardown.
+  void Run();
+  void Produce();
+  absl::StatusOr<absl::Span<std::byte>> Destination(BegunBatch* at, uint64_t bytes);
+  // Queues batch `batch`'s messages; false if the stream was cancelled meanwhile.
+  bool Publish(const Batch& batch, BegunBatch* b);
+  // Stops the producer (mu_ held): no more batches; a wait for a chunk ends.
+  void StopLocked();
+  // Starts the next write, or finishes when everything is sent (mu_ held).
+  void Pump();
+  void FinishLocked(const grpc::Status& status);
+  // The last of OnDone() and the producer's exit: releases everything and deletes this.
+  void Destroy();
+
+  LoaderService* const service_;
+  v1::StreamRequest request_;   // the read in flight
+  v1::StreamResponse current_;  // the write in flight
+  // Locking: std::mutex rather than absl::Mutex because the last user deletes the reactor
+  // right after unlocking it, which POSIX mutexes allow.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Outgoing> queue_;
+  v1::Subscribe subscribe_;
+  bool subscribed_ = false;
+  bool producer_running_ = false;
+  bool producer_done_ = false;    // no more messages will be queued
+  bool producer_exited_ = false;  // the producer thread touches nothing any more
+  bool done_ = false;             // OnDone() was called
+  bool writing_ = false;
+  bool finish_called_ = false;
+  bool stop_ = false;  // no more batches (cancel, error, drain)
+  bool draining_ = false;
+  uint32_t credits_ = 0;
+  std::set<uint64_t> outstanding_;
+  uint64_t next_serial_ = 0;
+  std::string last_cursor_;
+  grpc::Status final_status_;
+  // Set up by the producer (under mu_), read by it without the lock.
+  std::shared_ptr<const Dataset> dataset_;
+  ResolvedStream resolved_;
+  std::unique_ptr<BatchAssembler> assembler_;
+  std::unique_ptr<Loader> loader_;
+  StreamTransport transport_ = StreamTransport::kInline;
+  uint32_t credits_total_ = 0;
+  std::unique_ptr<BatchSlots> slots_;  // shared memory, CUDA IPC
+  double parse_seconds_reported_ = 0;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,104 @@
+#include "tests/server/daemon_process.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace conveyor::testing {
+namespace {
+
+std::string StatusField(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+DaemonProcess::DaemonProcess(const std::string& dir, const DaemonProcessOptions& options) {
+  const int n = ++count_;
+  const std::string port_file = dir + "/port." + std::to_string(n);
+  const std::string config =
+      options.config.empty() ? std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml" : options.config;
+  std::vector<std::string> args = {"conveyord", config, "--listen", "127.0.0.1:0", "--port-file", port_file};
+  if (options.unix_socket) {
+    socket_ = dir + "/d" + std::to_string(n) + ".sock";
+    args.push_back("--unix");
+    args.push_back(socket_);
+  } else {
+    args.push_back("--no-unix");
+  }
+  args.insert(args.end(), options.extra.begin(), options.extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::execv(CONVEYORD_BINARY, argv.data());
+    ::_exit(127);
+  }
+  for (int i = 0; i < 400 && port_.empty(); ++i) {
+    std::ifstream in(port_file);
+    std::string p;
+    if (in >> p) port_ = p;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);  // a stopped process is killed too
+  Kill(SIGKILL);
+}
+
+void DaemonProcess::Signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+int DaemonProcess::Kill(int sig) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, sig);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+uint64_t DaemonProcess::RssBytes() const {
+  std::istringstream in(StatusField(pid_, "VmRSS"));
+  uint64_t kb = 0;
+  in >> kb;
+  return kb * 1024;
+}
+
+int DaemonProcess::Threads() const {
+  std::istringstream in(StatusField(pid_, "Threads"));
+  int n = 0;
+  in >> n;
+  return n;
+}
+
+std::vector<std::string> DaemonProcess::OpenFiles() const {
+  std::vector<std::string> out;
+  const std::string dir = "/proc/" + std::to_string(pid_) + "/fd";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char target[512];
+    const ssize_t len = ::readlink((dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+    if (len > 0) out.emplace_back(target, static_cast<size_t>(len));
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace conveyor::testing
