@@ -333,6 +333,14 @@ v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& req
   s.set_parallel(request.parallel);
   s.set_resume_cursor(request.resume);
   for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
+  for (const auto& [name, dtype] : request.value_dtypes) (*s.mutable_dtypes())[name] = ToProto(dtype);
+  if (request.distribution) {
+    s.set_distribution(*request.distribution == Distribution::kChunks ? v1::DISTRIBUTION_CHUNKS
+                                                                      : v1::DISTRIBUTION_BALANCED);
+  }
+  if (request.first_epoch) s.set_first_epoch(*request.first_epoch);
+  s.set_batch_stride(request.batch_stride);
+  s.set_batch_offset(request.batch_offset);
   return s;
 }
 

@@ -100,6 +100,19 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
     else return absl::InvalidArgumentError(absl::StrCat("--layout expects STREAM=csc|csr|dense, got '", l, "'"));
     r.layouts[l.substr(0, eq)] = layout;
   }
+  for (const std::string& d : dtypes) {
+    const size_t eq = d.find('=');
+    const std::string kind = eq == std::string::npos ? "" : absl::AsciiStrToLower(d.substr(eq + 1));
+    if (kind == "float16") r.value_dtypes[d.substr(0, eq)] = DType::kFloat16;
+    else if (kind == "bfloat16") r.value_dtypes[d.substr(0, eq)] = DType::kBFloat16;
+    else return absl::InvalidArgumentError(absl::StrCat("--dtype expects STREAM=float16|bfloat16, got '", d, "'"));
+  }
+  if (distribution == "balanced") r.distribution = Distribution::kBalanced;
+  else if (distribution == "chunks") r.distribution = Distribution::kChunks;
+  else if (!distribution.empty()) return absl::InvalidArgumentError("--distribution expects balanced or chunks");
+  r.first_epoch = first_epoch;
+  r.batch_stride = batch_stride;
+  r.batch_offset = batch_offset;
   return r;
 }
 
@@ -134,6 +147,18 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a, bool in_process) {
   cmd->add_option("--layout", a->layouts,
                   "STREAM=csc|csr|dense: deliver a sparse stream as CSC (its native layout), CSR or a dense "
                   "array (repeat for several streams)");
+  cmd->add_option("--dtype", a->dtypes,
+                  "STREAM=float16|bfloat16: deliver a stream's values narrowed, rounded to nearest even from "
+                  "float32 (repeatable; float datasets)");
+  cmd->add_option("--distribution", a->distribution,
+                  "balanced (every rank's share of a minibatch within one sequence of minibatch/world) or chunks "
+                  "(CNTK's: by randomized chunk, a rank parses only its chunks); default: the dataset's")
+      ->check(CLI::IsMember({"balanced", "chunks"}));
+  cmd->add_option("--first-epoch", a->first_epoch, "Start at the first minibatch of this epoch (below --epochs)");
+  cmd->add_option("--batch-stride", a->batch_stride,
+                  "Deliver every N-th minibatch of the stream (with --batch-offset): how DataLoader workers share it")
+      ->check(CLI::Range(1u, kMaxBatchStride));
+  cmd->add_option("--batch-offset", a->batch_offset, "Which of every --batch-stride minibatches (default 0)");
   const std::string group = in_process ? "Options" : "";  // "": hidden from --help
   cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
       ->check(CLI::Range(1, 256))
@@ -170,6 +195,7 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   auto resolved = ResolveStream(*s.dataset, s.request);
   if (!resolved.ok()) return resolved.status();
   s.resolved = std::move(*resolved);
+  for (const std::string& w : s.resolved.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
   auto loader = Loader::Create(s.dataset.get(), s.assembler.get(), s.resolved.loader);
   if (!loader.ok()) return loader.status();
   s.loader = std::move(*loader);

@@ -53,6 +53,10 @@ struct StreamArgs {
   std::string resume;
   int threads = 1;
   std::vector<std::string> layouts;  // NAME=csc|csr|dense
+  std::vector<std::string> dtypes;   // NAME=float16|bfloat16
+  std::string distribution;          // balanced|chunks|"" (the dataset's)
+  std::optional<uint64_t> first_epoch;
+  uint32_t batch_stride = 1, batch_offset = 0;
   std::string assembler = "cpu";     // cpu | cuda (falls back to cpu, saying why)
   int device = 0;
   absl::StatusOr<StreamRequest> ToRequest() const;

@@ -61,4 +61,32 @@ inline CONVEYOR_HALF_HD uint16_t FloatToBFloat16Bits(float f) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The exact float32 values of float16 and bfloat16 bit patterns (every one is a float).
+inline CONVEYOR_HALF_HD float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  uint32_t u;
+  if (e == 0x1F) {
+    u = sign | 0x7F800000u | (m << 13);  // infinity, NaN (payload kept)
+  } else if (e != 0) {
+    u = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    u = sign;
+  } else {  // subnormal: m * 2^-24, normalized
+    uint32_t shift = 0;
+    while ((m << shift & 0x400u) == 0) ++shift;
+    u = sign | ((113u - shift) << 23) | (((m << shift) & 0x3FFu) << 13);
+  }
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline CONVEYOR_HALF_HD float BFloat16BitsToFloat(uint16_t h) {
+  const uint32_t u = uint32_t{h} << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
 }  // namespace conveyor

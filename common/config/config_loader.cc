@@ -36,7 +36,8 @@ const std::vector<std::string> kServerKeys = {
 const std::vector<std::string> kDatasetKeys = {
     "deserializers", "readerType", "randomize", "randomizationWindow", "sampleBasedRandomizationWindow",
     "randomizationSeed", "frameMode", "truncated", "truncationLength", "maxErrors", "traceLevel", "verbosity",
-    "allowPipes", "readMethod", "keepDataInMemory", "cacheIndex", "epochSize", "minibatchMode", "precision"};
+    "allowPipes", "readMethod", "keepDataInMemory", "cacheIndex", "epochSize", "minibatchMode", "precision",
+    "distribution"};
 const std::vector<std::string> kDeserializerKeys = {
     "type", "file", "input", "rspecifier", "kind", "allowPipes", "skipSequenceIds", "chunkSizeInBytes",
     "maxErrors", "traceLevel", "module"};
@@ -260,6 +261,12 @@ class Converter {
     } else if (key == "epochsize") {
       ASSIGN_OR_RETURN(uint64_t e, UInt(v, k, 0, UINT64_MAX));
       if (e > 0) ds->epoch_size = e;  // CNTK: 0 means one sweep
+    } else if (key == "distribution") {
+      const std::string m = Lower(v.scalar);
+      if (m == "balanced") ds->distribution = Distribution::kBalanced;
+      else if (m == "chunks") ds->distribution = Distribution::kChunks;
+      else return Error(v, absl::StrCat("expected distribution balanced or chunks, found '", v.scalar, "'"));
+      distribution_given_ = true;
     } else if (key == "minibatchmode") {
       const std::string m = Lower(v.scalar);
       if (m == "partial") ds->full_minibatches = false;
@@ -403,6 +410,7 @@ class Converter {
     DatasetConfig ds;
     ds.name = name;
     ds.precision = precision;
+    distribution_given_ = false;
     DeserializerConfig inline_d;
     std::vector<DeserializerConfig> legacy_htk;
     bool has_inline = false;
@@ -490,6 +498,8 @@ class Converter {
       return Error(n, absl::StrCat("dataset '", name, "': frameMode and truncated cannot be combined"));
     if (ds.truncated && ds.truncation_length == 0)
       return Error(n, absl::StrCat("dataset '", name, "': truncated needs a truncationLength > 0"));
+    // CNTK's readers split minibatches among workers by chunk: a CNTK configuration keeps that.
+    if (brainscript_ && !distribution_given_) ds.distribution = Distribution::kChunks;
     if (out_->Find(name) != nullptr) return Error(n, absl::StrCat("dataset '", name, "' is defined twice"));
     out_->datasets.push_back(std::move(ds));
     return absl::OkStatus();
@@ -611,6 +621,7 @@ class Converter {
   const std::string base_dir_;
   const bool brainscript_;
   Config* const out_;
+  bool distribution_given_ = false;  // the dataset being converted names its distribution
 };
 
 }  // namespace

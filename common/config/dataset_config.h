@@ -28,6 +28,13 @@ struct StreamConfig {
   bool format_given = true;  // CNTKBinary: format/dim may be left to the file (false, dim 0)
 };
 
+// How ranks share a global minibatch (docs/randomization.md section 5). kBalanced: its units
+// are dealt to the ranks, each to the rank with the fewest samples so far (every rank within
+// one unit of minibatch/world). kChunks: CNTK's decimation by randomized chunk (a rank parses
+// only its own chunks; its share of a minibatch follows the chunks).
+enum class Distribution { kBalanced = 0, kChunks = 1 };
+const char* DistributionName(Distribution d);
+
 // What a KaldiTable holds: matrices (a sample per row), vectors (one sample), or int32
 // vectors (alignments: a sample per element).
 enum class KaldiKind { kMatrix, kVector, kInt32Vector };
@@ -66,6 +73,9 @@ struct DatasetConfig {
   std::optional<uint64_t> epoch_size;  // samples; unset: one sweep
   bool full_minibatches = false;       // minibatchMode: full (default partial)
   bool allow_pipes = false;            // Kaldi `cmd |` rxfilenames (a deserializer may override)
+  // How ranks share minibatches: balanced in YAML/JSON configurations, chunks (CNTK's) in
+  // BrainScript ones, unless `distribution` says.
+  Distribution distribution = Distribution::kBalanced;
   std::vector<DeserializerConfig> deserializers;
 
   // Effective error budget and verbosity (a deserializer may override the dataset's).

@@ -137,5 +137,26 @@ TEST(Half, BFloat16IsRoundToNearestEvenOnEveryClass) {
   EXPECT_EQ(FloatToBFloat16Bits(-INFINITY), 0xFF80);
 }
 
+// Widening (how dumps print narrowed values) is exact: every pattern that is not a NaN comes
+// back unchanged, every NaN as a NaN of the same sign, quiet.
+TEST(Half, WideningIsExactForEveryPattern) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = HalfBitsToFloat(static_cast<uint16_t>(h));
+    const bool nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0;
+    if (nan) {
+      ASSERT_TRUE(std::isnan(f)) << h;
+      ASSERT_EQ(FloatToHalfBits(f), h | 0x200) << h;
+    } else {
+      ASSERT_EQ(FloatToHalfBits(f), h) << h;
+      if ((h & 0x7C00) != 0x7C00) {
+        ASSERT_EQ(static_cast<double>(f), HalfValue(static_cast<uint16_t>(h))) << h;
+      }
+    }
+    const float g = BFloat16BitsToFloat(static_cast<uint16_t>(h));
+    const bool bnan = (h & 0x7F80) == 0x7F80 && (h & 0x7F) != 0;
+    ASSERT_EQ(FloatToBFloat16Bits(g), bnan ? (h | 0x40) : h) << h;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor
