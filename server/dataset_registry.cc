@@ -41,4 +41,18 @@ uint64_t DatasetRegistry::ResidentBytes() const {
   return total;
 }
 
+void DatasetRegistry::SetRetainedBytes(uint64_t bytes) const {
+  if (datasets_.empty()) return;
+  for (const auto& [name, ds] : datasets_) ds->SetRetainedBytes(bytes / datasets_.size());
+}
+
+uint64_t DatasetRegistry::DropRetained(uint64_t bytes) const {
+  uint64_t dropped = 0;
+  for (const auto& [name, ds] : datasets_) {
+    if (dropped >= bytes) break;
+    dropped += ds->DropRetained(bytes - dropped);
+  }
+  return dropped;
+}
+
 }  // namespace conveyor

@@ -26,6 +26,11 @@ class DatasetRegistry {
   absl::StatusOr<std::shared_ptr<const Dataset>> Find(const std::string& name) const;
   // Heap bytes of the parsed chunks every dataset holds right now (the daemon's chunk cache).
   uint64_t ResidentBytes() const;
+  // Recently used chunks kept after their last reader (Dataset::SetRetainedBytes): `bytes`
+  // for all datasets together, shared evenly.
+  void SetRetainedBytes(uint64_t bytes) const;
+  // Drops retained chunks of every dataset until `bytes` are dropped; returns the bytes dropped.
+  uint64_t DropRetained(uint64_t bytes) const;
 
  private:
   std::map<std::string, std::shared_ptr<const Dataset>> datasets_;

@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+
 #include <exception>
 
 namespace conveyor {
@@ -16,7 +18,8 @@ Metrics::Metrics()
       cache_chunks_(prometheus::BuildGauge().Name("conveyor_chunk_cache_chunks").Help("Parsed chunks held in memory, by dataset").Register(*registry_)),
       cache_bytes_(prometheus::BuildGauge().Name("conveyor_chunk_cache_bytes").Help("Heap bytes of parsed chunks held, by dataset").Register(*registry_)),
       parse_queue_(prometheus::BuildGauge().Name("conveyor_parse_jobs_queued").Help("Chunk parses waiting for a parser thread").Register(*registry_).Add({})),
-      parsers_busy_(prometheus::BuildGauge().Name("conveyor_parser_threads_busy").Help("Parser threads parsing now").Register(*registry_).Add({})) {}
+      parsers_busy_(prometheus::BuildGauge().Name("conveyor_parser_threads_busy").Help("Parser threads parsing now").Register(*registry_).Add({})),
+      chunks_parsed_(prometheus::BuildCounter().Name("conveyor_chunks_parsed_total").Help("Chunks parsed, by dataset (subscriptions sharing a chunk parse it once)").Register(*registry_)) {}
 
 int Metrics::Serve(const std::string& address) {
   try {
@@ -54,6 +57,13 @@ void Metrics::Occupancy(const std::string& dataset, uint64_t resident_chunks, ui
   cache_bytes_.Add({{"dataset", dataset}}).Set(static_cast<double>(resident_bytes));
   parse_queue_.Set(static_cast<double>(parse_jobs_queued));
   parsers_busy_.Set(static_cast<double>(parser_threads_busy));
+}
+
+void Metrics::ChunkParses(const std::string& dataset, uint64_t parses) {
+  std::lock_guard<std::mutex> lock(parses_mu_);
+  uint64_t& reported = parses_reported_[dataset];
+  if (parses > reported) chunks_parsed_.Add({{"dataset", dataset}}).Increment(static_cast<double>(parses - reported));
+  reported = std::max(reported, parses);
 }
 
 }  // namespace conveyor

@@ -2,7 +2,7 @@
 // /metrics when conveyord runs with --metrics ADDR. What an operator alerts on: batches,
 // bytes and samples served, parse time, active subscriptions, batches in flight (sent, not
 // acknowledged: per-subscription lag summed), stream errors by gRPC code, chunk cache and
-// parser queue occupancy.
+// parser queue occupancy, chunks parsed.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -10,7 +10,9 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace conveyor {
@@ -30,6 +32,9 @@ class Metrics {
   // The chunk cache of `dataset` (parsed chunks held by readers) and the shared parser pool.
   void Occupancy(const std::string& dataset, uint64_t resident_chunks, uint64_t resident_bytes, size_t parse_jobs_queued,
                  size_t parser_threads_busy);
+  // `dataset` has parsed `parses` chunks since it opened (Dataset::parses(); subscriptions
+  // sharing a chunk parse it once): conveyor_chunks_parsed_total.
+  void ChunkParses(const std::string& dataset, uint64_t parses);
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -47,6 +52,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& cache_bytes_;
   prometheus::Gauge& parse_queue_;
   prometheus::Gauge& parsers_busy_;
+  prometheus::Family<prometheus::Counter>& chunks_parsed_;
+  std::mutex parses_mu_;
+  std::map<std::string, uint64_t> parses_reported_;  // by dataset
 };
 
 }  // namespace conveyor

@@ -441,6 +441,7 @@ bool StreamReactor::Publish(const Batch& batch, BegunBatch* b) {
     parse_seconds_reported_ = parsed;
     m->Occupancy(dataset_->config().name, dataset_->resident_chunks(), dataset_->resident_bytes(),
                  service_->pool_->queued(), service_->pool_->busy());
+    m->ChunkParses(dataset_->config().name, dataset_->parses());
   }
   last_cursor_ = cursor;
   for (auto& o : out) queue_.push_back(std::move(o));

@@ -162,8 +162,12 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
   const Dataset* dataset = out.dataset.get();
   const uint64_t limit = env.chunk_cache_bytes;
   out.resolved.loader.admit_chunk = [registry, dataset, limit](uint64_t chunk) -> absl::Status {
-    const uint64_t held = registry->ResidentBytes();
+    uint64_t held = registry->ResidentBytes();
     const uint64_t estimate = dataset->ChunkBytes(chunk);
+    if (held <= limit && estimate <= limit - held) return absl::OkStatus();
+    // Chunks kept only for readers to come give way first.
+    registry->DropRetained(estimate + (held > limit ? held - limit : 0));
+    held = registry->ResidentBytes();
     if (held <= limit && estimate <= limit - held) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
         "parsing chunk ", chunk, " of '", dataset->config().name, "' (about ", estimate,

@@ -431,7 +431,10 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
   std::unique_lock<std::mutex> lock(cache_mu_);
   while (true) {
     CacheEntry& e = cache_[chunk_id];
-    if (auto live = e.chunk.lock()) return live;
+    if (auto live = e.chunk.lock()) {
+      RetainLocked(chunk_id, live);
+      return live;
+    }
     if (!e.parsing) break;
     cache_cv_.wait(lock);  // another reader is parsing it
   }
@@ -467,7 +470,61 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t
     }
   });
   e.chunk = chunk;
+  RetainLocked(chunk_id, chunk);
   return chunk;
+}
+
+void Dataset::RetainLocked(uint64_t chunk_id, const std::shared_ptr<const ParsedChunk>& chunk) const {
+  if (retain_limit_ == 0) return;
+  for (auto it = retained_.begin(); it != retained_.end(); ++it) {  // a few entries: a scan is enough
+    if (it->chunk_id == chunk_id) {
+      retained_.splice(retained_.begin(), retained_, it);
+      return;
+    }
+  }
+  const uint64_t bytes = chunk->MemoryBytes();
+  if (bytes > retain_limit_) return;
+  retained_.push_front(Retained{chunk_id, bytes, chunk});
+  retained_bytes_ += bytes;
+  TrimRetainedLocked(retain_limit_);
+}
+
+void Dataset::TrimRetainedLocked(uint64_t limit) const {
+  while (retained_bytes_ > limit && !retained_.empty()) {
+    retained_bytes_ -= retained_.back().bytes;
+    retained_.pop_back();
+  }
+}
+
+void Dataset::SetRetainedBytes(uint64_t bytes) const {
+  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  retain_limit_ = bytes;
+  while (retained_bytes_ > bytes && !retained_.empty()) {
+    retained_bytes_ -= retained_.back().bytes;
+    released.push_back(std::move(retained_.back().chunk));
+    retained_.pop_back();
+  }
+}
+
+uint64_t Dataset::DropRetained(uint64_t bytes) const {
+  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed outside the lock
+  uint64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    while (dropped < bytes && !retained_.empty()) {
+      dropped += retained_.back().bytes;
+      retained_bytes_ -= retained_.back().bytes;
+      released.push_back(std::move(retained_.back().chunk));
+      retained_.pop_back();
+    }
+  }
+  return dropped;
+}
+
+uint64_t Dataset::retained_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  return retained_bytes_;
 }
 
 uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {

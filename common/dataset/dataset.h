@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -99,6 +100,14 @@ class Dataset {
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id) const;
   // Chunks actually parsed so far (cache hits excluded).
   uint64_t parses() const { return parses_.load(); }
+  // Keeps up to `bytes` of the most recently used chunks after their last reader lets go
+  // (least recently used dropped first), so that readers a few chunks apart (ranks of one
+  // job on one host, DataLoader workers) share one parse. 0 (the default): nothing is kept.
+  void SetRetainedBytes(uint64_t bytes) const;
+  // Drops retained chunks, least recently used first, until at least `bytes` are dropped or
+  // none is left; returns the bytes dropped (a chunk a reader still holds stays resident).
+  uint64_t DropRetained(uint64_t bytes) const;
+  uint64_t retained_bytes() const;
   // Parsed chunks held by readers right now, and their heap bytes (the chunk cache's
   // occupancy: it holds nothing no reader holds).
   uint64_t resident_chunks() const { return resident_->chunks.load(); }
@@ -145,6 +154,15 @@ class Dataset {
   mutable std::condition_variable cache_cv_;
   mutable std::map<uint64_t, CacheEntry> cache_;
   mutable std::atomic<uint64_t> parses_{0};
+  // Recently used chunks held for readers to come (SetRetainedBytes), most recent first.
+  struct Retained {
+    uint64_t chunk_id, bytes;
+    std::shared_ptr<const ParsedChunk> chunk;
+  };
+  void RetainLocked(uint64_t chunk_id, const std::shared_ptr<const ParsedChunk>& chunk) const;
+  void TrimRetainedLocked(uint64_t limit) const;
+  mutable std::list<Retained> retained_;
+  mutable uint64_t retained_bytes_ = 0, retain_limit_ = 0;
   struct Resident {  // shared with the chunks' deleters, which may outlive the dataset
     std::atomic<uint64_t> chunks{0}, bytes{0};
     // Chunks that point into the mapping (dense values used in place) have their pages

@@ -53,12 +53,16 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from conveyor.client import Batch, Client
+import grpc
 
-# torch 1.13 calls its (working) CSC support beta on every tensor made; once is enough.
-warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta state")
+import conveyor
+from conveyor.client import Batch, Client, ConveyorError
+
+# torch 1.13 calls its (working, tested here) CSC support beta on every tensor made.
+warnings.filterwarnings("ignore", message="Sparse CSC tensor support is in beta state")
 
 _FORMAT_SPARSE, _FORMAT_IDS = 1, 2
+_CONNECTION_ARGS = ("token", "root_certificates", "server_name")  # for Client(), not subscribe()
 _DTYPE_NAMES = ("float16", "bfloat16")
 
 # Datasets of this process by id: a batch's cursor unpickled in the main process (from a
@@ -126,6 +130,45 @@ def _before_fork():
 
 
 os.register_at_fork(before=_before_fork)
+
+def _warn_if_fork_unsafe(it):
+    global _warned_fork
+    context = getattr(it, "_multiprocessing_context", None)
+    method = context.get_start_method() if context is not None else torch.multiprocessing.get_start_method()
+    if conveyor.FORK_SAFE_GRPC or method != "fork" or _warned_fork:
+        return
+    _warned_fork = True
+    warnings.warn(
+        "conveyor: grpc was imported before conveyor without fork support, so DataLoader workers (forked) may hang "
+        "when they connect. Import conveyor first, or set GRPC_ENABLE_FORK_SUPPORT=true and GRPC_POLL_STRATEGY=poll "
+        "in the environment, or use DataLoader(..., multiprocessing_context='forkserver')", RuntimeWarning)
+
+
+_warned_fork = False
+_COUNTING_CLASSES = {}
+
+
+def _count_yields(it, dataset):
+    """Has the DataLoader iterator `it` tell `dataset` how many batches it handed out, after
+    each one: the count must outlive the iterator (a `break` out of the loop drops it at
+    once), and state_dict() is asked afterwards. Done by giving `it` a subclass of its own
+    class whose __next__ reports (the only way to observe a hand-out from outside)."""
+    cls = type(it)
+    if cls in _COUNTING_CLASSES.values():
+        it._conveyor_dataset = weakref.ref(dataset)
+        return
+    counting = _COUNTING_CLASSES.get(cls)
+    if counting is None:
+        def __next__(self, _base=cls):
+            data = _base.__next__(self)
+            ds = self._conveyor_dataset()
+            if ds is not None and ds._iterator is not None and ds._iterator() is self:
+                ds._yielded = self._num_yielded
+            return data
+        counting = type(cls.__name__, (cls,), {"__next__": __next__, "__module__": cls.__module__})
+        _COUNTING_CLASSES[cls] = counting
+    it._conveyor_dataset = weakref.ref(dataset)
+    it.__class__ = counting
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -204,6 +247,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         self._iterator = None         # weakref: the DataLoader iterator of a worker iteration
         self._base = dict(self._position)  # where that iteration started
         self._receipts = {}           # its batches received here: index -> (cursor, epoch, end)
+        self._yielded = 0             # its batches handed to the user (counted by _count_yields)
         self._worker_iterations = 0   # in a worker: iterations run (persistent workers refused)
 
     # ------------------------------------------------------------------ position and state
@@ -228,10 +272,9 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
 
     def _current(self):
         """Where the stream stands after the last batch handed to the user."""
-        it = self._iterator() if self._iterator is not None else None
-        if it is None:
+        if self._iterator is None:
             return dict(self._position)
-        n = getattr(it, "_num_yielded", 0)
+        n = self._yielded
         if n == 0:
             return dict(self._base)
         receipt = self._receipts.get(n - 1)
@@ -252,10 +295,13 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         current = self._iterator() if self._iterator is not None else None
         if current is it:
             return
+        _warn_if_fork_unsafe(it)
         self._commit()
         self._iteration += 1
         self._iterator = weakref.ref(it)
+        self._yielded = 0
         self._base = dict(self._position)
+        _count_yields(it, self)
 
     def _received(self, receipt):
         """A worker's batch arrived in this (main) process."""
@@ -263,9 +309,8 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         if iteration != self._iteration:
             return
         self._receipts[index] = (cursor, epoch, end)
-        it = self._iterator() if self._iterator is not None else None
-        if it is not None and len(self._receipts) > 64:  # keep the batches not yet handed out
-            done = getattr(it, "_num_yielded", 0) - 1
+        if len(self._receipts) > 64:  # keep the batches not yet handed out
+            done = self._yielded - 1
             for k in [k for k in self._receipts if k < done]:
                 del self._receipts[k]
 
@@ -305,7 +350,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
     # ------------------------------------------------------------------ iteration
 
     def _subscription(self, client, start, stride, offset):
-        args = dict(self.subscribe_args)
+        args = {k: v for k, v in self.subscribe_args.items() if k not in _CONNECTION_ARGS}
         layouts = dict(args.pop("layouts", None) or {})
         desc = client.describe(self.dataset)
         if self.sparse_layout != "csc":
@@ -349,13 +394,24 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                     "ask the DataLoader instead (DataLoader(..., pin_memory=True)) and move batches with "
                     ".cuda(non_blocking=True) in the loop, or use num_workers=0")
             self._worker_iterations += 1
+            _send_sparse_by_parts()
             start, stride, offset = dict(self._position), info.num_workers, info.id
         if self.epochs is not None and start["epoch"] >= self.epochs:
             return
-        client = Client(self.address, **{k: self.subscribe_args[k] for k in ("token", "root_certificates", "server_name")
-                                         if k in self.subscribe_args})
-        for k in ("token", "root_certificates", "server_name"):
-            self.subscribe_args.pop(k, None)
+        client = Client(self.address, **{k: v for k, v in self.subscribe_args.items() if k in _CONNECTION_ARGS})
+        try:
+            yield from self._batches(client, start, stride, offset, info)
+        except grpc.RpcError as e:  # describe or subscribe: as the stream's own errors are
+            error = ConveyorError(e.code(), e.details())
+            if info is not None:
+                error = WorkerError(str(error), e.code())
+            raise error from None
+        except ConveyorError as e:
+            if info is None:
+                raise
+            raise WorkerError(str(e), e.code, e.cursor) from None
+
+    def _batches(self, client, start, stride, offset, info):
         sub = self._subscription(client, start, stride, offset)
         pending = None  # device: the batch whose copy is in flight
         try:
@@ -478,6 +534,58 @@ def _sparse(batch, name):
     colptr, rowind, values, (dim, columns) = batch.csc(name)
     return torch.sparse_csc_tensor(_tensor(colptr).long(), _tensor(rowind).long(), _values(values),
                                    size=(dim, columns))
+
+
+class WorkerError(ConveyorError):
+    """A ConveyorError raised in a DataLoader worker. The DataLoader re-raises a worker's
+    exception in the main process by calling its type with one argument, the message (with
+    the worker's traceback): this type takes that and finds the status code in it again."""
+
+    def __init__(self, message, code=None, cursor=""):
+        if code is None:
+            last = message.rstrip().splitlines()[-1] if message.strip() else ""
+            code = next((c for c in grpc.StatusCode if f" {c.name}: " in f" {last}"), grpc.StatusCode.UNKNOWN)
+        RuntimeError.__init__(self, message)
+        self.code = code
+        self.cursor = cursor
+
+
+_SPARSE_COMPRESSED = {torch.sparse_csr: "csr", torch.sparse_csc: "csc"}
+
+
+def _rebuild_sparse(layout, compressed, plain, values, size):
+    """The inverse of _reduce_tensor for a sparse CSR/CSC tensor (runs in the main process)."""
+    make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
+    return make(compressed, plain, values, size=size)
+
+
+def _reduce_tensor(t):
+    layout = _SPARSE_COMPRESSED.get(t.layout)
+    if layout is None:
+        return _torch_reduce_tensor(t)
+    if layout == "csr":
+        parts = (t.crow_indices(), t.col_indices())
+    else:
+        parts = (t.ccol_indices(), t.row_indices())
+    # The parts are strided tensors: the queue sends them through shared memory as usual.
+    return _rebuild_sparse, (layout, parts[0], parts[1], t.values(), tuple(t.shape))
+
+
+def _send_sparse_by_parts():
+    """In a DataLoader worker: lets sparse CSR/CSC batches cross the worker queue.
+
+    torch (1.13 at least) cannot send a sparse compressed tensor between processes ("Cannot
+    access storage of SparseCsrTensorImpl"); sent as its three strided parts and rebuilt on
+    arrival it can. Registered in the worker process only (a fork of the main one)."""
+    global _torch_reduce_tensor
+    from multiprocessing.reduction import ForkingPickler
+    import torch.multiprocessing.reductions as reductions
+    if _torch_reduce_tensor is None:
+        _torch_reduce_tensor = reductions.reduce_tensor
+        ForkingPickler.register(torch.Tensor, _reduce_tensor)
+
+
+_torch_reduce_tensor = None
 
 
 def _values(a):

@@ -326,6 +326,56 @@ TEST(SharedChunks, TwoReadersOfOneStreamParseEachChunkOnce) {
   EXPECT_EQ((*ds)->parses(), (*ds)->index().chunks.size());
 }
 
+// Reader b runs 10 batches (several chunks) behind reader a, as a rank or DataLoader worker
+// a few batches late would. Without retention every chunk a let go of before b came is
+// parsed again; with retention each chunk is parsed once; dropping retention frees them.
+TEST(SharedChunks, RetainedChunksServeAReaderSeveralChunksBehind) {
+  TempDir dir;
+  std::string data;
+  for (int i = 0; i < 2000; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + "\n";
+  DatasetConfig c = CtfDataset(dir.Write("d.ctf", data), "{a: {dim: 1, format: dense}}", "randomize: false");
+  c.deserializers[0].chunk_size_in_bytes = 1000;
+  auto cpu = MakeCpuAssembler();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 32;
+  for (bool retain : {false, true}) {
+    SCOPED_TRACE(retain ? "retained" : "not retained");
+    auto ds = Dataset::Open(c);
+    ASSERT_TRUE(ds.ok());
+    if (retain) (*ds)->SetRetainedBytes(uint64_t{64} << 20);
+    auto a = Loader::Create(ds->get(), cpu.get(), lo);
+    auto b = Loader::Create(ds->get(), cpu.get(), lo);
+    ASSERT_TRUE(a.ok() && b.ok());
+    Batch x, y;
+    int step = 0;
+    bool a_more = true, b_more = true;
+    while (a_more || b_more) {
+      if (a_more) {
+        auto m = (*a)->Next(&x);
+        ASSERT_TRUE(m.ok());
+        a_more = *m;
+      }
+      if (b_more && (step >= 10 || !a_more)) {
+        auto m = (*b)->Next(&y);
+        ASSERT_TRUE(m.ok());
+        b_more = *m;
+      }
+      ++step;
+    }
+    const uint64_t chunks = (*ds)->index().chunks.size();
+    ASSERT_GT(chunks, 20u);
+    if (retain) {
+      EXPECT_EQ((*ds)->parses(), chunks);
+      EXPECT_GT((*ds)->retained_bytes(), 0u);
+      EXPECT_EQ((*ds)->DropRetained(~uint64_t{0}) > 0, true);
+      EXPECT_EQ((*ds)->retained_bytes(), 0u);
+      EXPECT_EQ((*ds)->resident_chunks(), 0u);  // nothing held once no reader holds it
+    } else {
+      EXPECT_GT((*ds)->parses(), chunks + chunks / 2);  // b re-parsed most of them
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::testing
 

@@ -1,0 +1,328 @@
+"""conveyor.torch.ConveyorDataset against a real conveyord, used as PyTorch trainers use it:
+DataLoader workers (0, 1, 3) x worlds (1, 2) x resuming at several batches, torch.distributed
+(gloo) processes that find their rank by themselves, epoch loops, shared-memory tensors held
+across batches, in-place operations, pinned and device batches, shapes, id padding, dtypes,
+and the balanced distribution. Expected orders come from `conveyor dump` of the same stream."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+import numpy as np
+
+BUILD = os.environ["CONVEYOR_BUILD_DIR"]
+SOURCE = os.environ["CONVEYOR_SOURCE_DIR"]
+sys.path.insert(0, os.path.join(BUILD, "python"))
+
+import torch  # noqa: E402
+import torch.utils.data  # noqa: E402
+
+import conveyor  # noqa: E402
+from conveyor.torch import ConveyorDataset  # noqa: E402
+
+CONVEYOR = os.path.join(BUILD, "client", "conveyor")
+CONVEYORD = os.path.join(BUILD, "server", "conveyord")
+EXAMPLES = os.path.join(SOURCE, "examples")
+KALDI = os.path.join(SOURCE, "tests", "data", "kaldi")
+
+# The examples with the sparse documents cut into 17 chunks (about 16 KiB each), so that
+# chunk decimation, prefetch and workers have chunks to share; a Kaldi dataset with ids.
+CONFIG = f"""
+datasets:
+  simple:
+    randomize: true
+    file: {EXAMPLES}/simple.ctf
+    input:
+      features: {{dim: 2, format: dense}}
+      labels: {{dim: 2, format: dense}}
+  sparse:
+    randomize: true
+    randomizationWindow: 4
+    chunkSizeInBytes: 16384
+    file: {EXAMPLES}/sparse.ctf
+    input:
+      words: {{dim: 5000, format: sparse, alias: x}}
+      label: {{dim: 1, format: dense, alias: y}}
+  speech:
+    randomize: false
+    deserializers:
+      - type: KaldiTable
+        rspecifier: "scp:{KALDI}/feats.scp"
+        input: {{features: {{dim: 40}}}}
+      - type: KaldiTable
+        rspecifier: "ark:{KALDI}/ali.ark"
+        kind: int32-vector
+        input: {{labels: {{format: ids}}}}
+"""
+
+
+def dump_batches(config, dataset, *args):
+    """[(epoch, batch, [keys...])] in delivery order, as `conveyor dump` prints them."""
+    out = subprocess.run([CONVEYOR, "dump", config, "--dataset", dataset, *args], check=True,
+                         capture_output=True, text=True).stdout
+    batches = collections.OrderedDict()
+    for line in out.splitlines():
+        d = json.loads(line)
+        keys = batches.setdefault((d["epoch"], d["batch"]), [])
+        if not d.get("empty"):
+            keys.append(d["key"])
+    return [(e, b, keys) for (e, b), keys in batches.items()]
+
+
+def keys_of(batch):
+    return [k.decode() if isinstance(k, bytes) else str(k) for k in batch["_keys"]]
+
+
+class TorchTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.config = os.path.join(cls.tmp.name, "conveyor.yaml")
+        with open(cls.config, "w") as f:
+            f.write(CONFIG)
+        port_file = os.path.join(cls.tmp.name, "port")
+        cls.sock = os.path.join(cls.tmp.name, "d.sock")
+        cls.daemon = subprocess.Popen([CONVEYORD, cls.config, "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                       "--unix", cls.sock, "--metrics", "127.0.0.1:0"], stderr=subprocess.PIPE)
+        cls.metrics = None
+        while cls.metrics is None:  # printed before the daemon serves
+            line = cls.daemon.stderr.readline().decode()
+            if not line:
+                raise RuntimeError("conveyord ended before serving")
+            if "metrics on http://" in line:
+                cls.metrics = line.split("http://")[1].split("/metrics")[0]
+        threading.Thread(target=cls.daemon.stderr.read, daemon=True).start()  # keep the pipe drained
+        for _ in range(400):
+            if os.path.exists(port_file):
+                break
+            time.sleep(0.05)
+        with open(port_file) as f:
+            cls.address = "127.0.0.1:" + f.read().strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.terminate()
+        cls.daemon.wait(timeout=30)
+        cls.tmp.cleanup()
+
+    def dataset(self, name="sparse", **kwargs):
+        kwargs.setdefault("minibatch_size", 100)
+        kwargs.setdefault("seed", 5)
+        return ConveyorDataset(self.address, name, **kwargs)
+
+    # ---------------------------------------------------------------- workers, ranks, resume
+
+    def test_workers_and_ranks_deliver_the_epoch_once_in_the_streams_order_and_resume_exactly(self):
+        for world in (1, 2):
+            expected = {r: dump_batches(self.config, "sparse", "--minibatch-size", "100", "--seed", "5",
+                                        "--rank", str(r), "--world", str(world)) for r in range(world)}
+            for workers in (0, 1, 3):
+                for stop in (0, 3, 7):
+                    with self.subTest(world=world, workers=workers, stop=stop):
+                        seen = []
+                        for r in range(world):
+                            got = []
+                            ds = self.dataset(rank=r, world=world, epochs=1)
+                            loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+                            for i, b in enumerate(loader):
+                                got.append((b["_epoch"], b["_batch"], keys_of(b)))
+                                if i + 1 == stop:
+                                    break
+                            state = ds.state_dict()
+                            resumed = self.dataset(rank=r, world=world, epochs=1)
+                            resumed.load_state_dict(state)
+                            again = torch.utils.data.DataLoader(resumed, batch_size=None, num_workers=(workers + 2) % 4)
+                            got += [(b["_epoch"], b["_batch"], keys_of(b)) for b in again]
+                            self.assertEqual(got, expected[r])
+                            seen += [k for _, _, keys in got for k in keys]
+                        self.assertEqual(len(seen), 2000)
+                        self.assertEqual(len(set(seen)), 2000)
+
+    def test_persistent_workers_are_refused_with_what_to_do(self):
+        loader = torch.utils.data.DataLoader(self.dataset(), batch_size=None, num_workers=2, persistent_workers=True)
+        self.assertEqual(sum(1 for _ in loader), 20)
+        with self.assertRaisesRegex(RuntimeError, "persistent_workers=False"):
+            for _ in loader:
+                pass
+
+    def test_rank_and_world_come_from_the_environment(self):
+        env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=os.path.join(BUILD, "python"))
+        code = ("from conveyor.torch import ConveyorDataset as D; "
+                f"d = D({self.address!r}, 'sparse'); print(d.rank, d.world)")
+        out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+        self.assertEqual(out.split(), ["1", "2"])
+        explicit = self.dataset(rank=0, world=3)
+        self.assertEqual((explicit.rank, explicit.world), (0, 3))
+
+    def test_torch_distributed_processes_find_their_rank_and_share_the_epoch(self):
+        out = os.path.join(self.tmp.name, "ddp")
+        os.makedirs(out, exist_ok=True)
+        script = os.path.join(SOURCE, "tests", "python", "ddp_worker.py")
+        env = dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python"))
+        r = subprocess.run([sys.executable, script, self.address, out, "2"], env=env, capture_output=True, text=True,
+                           timeout=240)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        keys = []
+        counts = []
+        for rank in range(2):
+            with open(os.path.join(out, f"rank{rank}.json")) as f:
+                got = json.load(f)
+            self.assertEqual((got["rank"], got["world"]), (rank, 2))
+            counts.append(len(got["batches"]))
+            keys += [k for batch in got["batches"] for k in batch]
+        self.assertEqual(counts[0], counts[1])
+        self.assertEqual(sorted(keys), sorted(set(keys)))
+        self.assertEqual(len(keys), 2000)
+
+    # ---------------------------------------------------------------- epochs
+
+    def test_iterating_again_continues_with_the_next_epoch(self):
+        expected = dump_batches(self.config, "sparse", "--minibatch-size", "100", "--seed", "5", "--epochs", "3")
+        for workers in (0, 2):
+            with self.subTest(workers=workers):
+                ds = self.dataset()
+                loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+                got = []
+                for epoch in range(3):
+                    batches = [(b["_epoch"], b["_batch"], keys_of(b)) for b in loader]
+                    self.assertTrue(all(e == epoch for e, _, _ in batches))
+                    got += batches
+                self.assertEqual(got, expected)
+                orders = [[k for e, _, keys in got if e == epoch for k in keys] for epoch in range(3)]
+                self.assertNotEqual(orders[0], orders[1])  # reshuffled each sweep
+                self.assertEqual(sorted(orders[0]), sorted(orders[2]))
+
+    def test_set_epoch_starts_that_epoch_and_end_of_epoch_is_marked(self):
+        expected = dump_batches(self.config, "sparse", "--minibatch-size", "100", "--seed", "5", "--epochs", "3")
+        ds = self.dataset()
+        ds.set_epoch(2)
+        got = [(b["_epoch"], b["_batch"], keys_of(b), b["_end_of_epoch"]) for b in ds]
+        self.assertEqual([g[:3] for g in got], [e for e in expected if e[0] == 2])
+        self.assertEqual([g[3] for g in got], [False] * (len(got) - 1) + [True])
+        limited = self.dataset(epochs=1)
+        self.assertEqual(sum(1 for _ in limited), 20)
+        self.assertEqual(sum(1 for _ in limited), 0)  # epochs=1: nothing after epoch 0
+
+    # ---------------------------------------------------------------- memory
+
+    def test_shared_memory_tensors_keep_their_values_and_take_in_place_ops(self):
+        inline = list(self.dataset("simple", transport="inline"))
+        shm = list(ConveyorDataset("unix:" + self.sock, "simple", minibatch_size=100, seed=5, transport="shm"))
+        self.assertEqual(len(shm), len(inline))
+        for a, b in zip(inline, shm):
+            self.assertTrue(torch.equal(a["features"], b["features"]))
+        rows = torch.cat([b["features"] for b in shm])
+        self.assertEqual(len({tuple(r.tolist()) for r in rows}), len(rows))  # 1000 distinct rows, none reused
+        for b in shm[:3] + inline[:3]:
+            before = b["features"].clone()
+            b["features"].mul_(2)
+            self.assertTrue(torch.equal(b["features"], before * 2))
+
+    def test_pin_memory_yields_page_locked_tensors(self):
+        def locked_kb():
+            with open("/proc/self/status") as f:
+                return int(next(line for line in f if line.startswith("VmLck")).split()[1])
+        base = locked_kb()
+        batches = list(self.dataset("sparse", pin_memory=True, sparse_layout="dense"))
+        if torch.cuda.is_available():
+            self.assertTrue(all(b["words"].is_pinned() for b in batches))
+        else:
+            self.assertGreaterEqual(locked_kb() - base, 20 * 100 * 5000 * 4 // 1024)  # every batch's pages locked
+        del batches
+
+    def test_device_batches_need_a_gpu(self):
+        if not torch.cuda.is_available():
+            with self.assertRaisesRegex(ValueError, "needs a CUDA device"):
+                self.dataset(device="cuda:0")
+            self.skipTest("no CUDA device here: device='cuda' is refused with a message (checked); the copy path "
+                          "runs where torch sees a GPU")
+        cpu = list(self.dataset("simple"))
+        gpu = list(self.dataset("simple", device="cuda"))
+        for a, b in zip(cpu, gpu):
+            self.assertTrue(b["features"].is_cuda)
+            self.assertTrue(torch.equal(a["features"], b["features"].cpu()))
+
+    # ---------------------------------------------------------------- shapes and types
+
+    def test_shapes_lengths_masks_and_id_padding(self):
+        simple = next(iter(self.dataset("simple")))
+        self.assertEqual(tuple(simple["features"].shape), (100, 2))
+        self.assertEqual(simple["_lengths"], {})
+        seq = next(iter(self.dataset("speech", minibatch_size=2000)))
+        x, lengths, mask = seq["features"], seq["_lengths"]["features"], seq["_mask"]["features"]
+        self.assertEqual(x.dim(), 3)
+        self.assertEqual(x.shape[2], 40)
+        self.assertEqual(mask.dtype, torch.bool)
+        self.assertTrue(torch.equal(mask.sum(dim=1), lengths))
+        self.assertTrue(torch.all(x[~mask] == 0))
+        speech = next(iter(self.dataset("speech", minibatch_size=2000, id_padding=-7)))
+        labels, m = speech["labels"], speech["_mask"]["labels"]
+        self.assertEqual(labels.dtype, torch.int64)
+        self.assertTrue(torch.all(labels[~m] == -7))
+        self.assertTrue(torch.all(labels[m] >= 0))
+        self.assertTrue((~m).any())  # utterances of different lengths: some padding to check
+        default = next(iter(self.dataset("speech", minibatch_size=2000)))
+        self.assertTrue(torch.all(default["labels"][~default["_mask"]["labels"]] == -100))
+
+    def test_dtypes_are_round_to_nearest_even_from_float32(self):
+        full = next(iter(self.dataset("speech", minibatch_size=3000)))["features"]
+        half = next(iter(self.dataset("speech", minibatch_size=3000, dtypes={"features": "float16"})))["features"]
+        bf16 = next(iter(self.dataset("speech", minibatch_size=3000, dtypes={"features": "bfloat16"})))["features"]
+        self.assertEqual(half.dtype, torch.float16)
+        self.assertEqual(bf16.dtype, torch.bfloat16)
+        want_half = torch.from_numpy(full.numpy().astype(np.float16))  # numpy rounds to nearest even
+        self.assertTrue(torch.equal(half.view(torch.int16), want_half.view(torch.int16)))
+        self.assertTrue(torch.equal(bf16.view(torch.int16), full.to(torch.bfloat16).view(torch.int16)))
+        with self.assertRaises(conveyor.ConveyorError):
+            next(iter(self.dataset("speech", dtypes={"labels": "float16"})))  # ids stay int32
+
+    # ---------------------------------------------------------------- distribution
+
+    def test_balanced_ranks_get_even_non_empty_batches_and_chunks_starve(self):
+        world = 4
+        sizes = {}
+        for policy in ("balanced", "chunks"):
+            per_rank = []
+            for r in range(world):
+                per_rank.append([len(keys_of(b)) for b in self.dataset(rank=r, world=world, distribution=policy)])
+            self.assertEqual(len({len(p) for p in per_rank}), 1)  # the same number of batches
+            sizes[policy] = list(zip(*per_rank))
+        for step in sizes["balanced"][:-1]:
+            self.assertLessEqual(max(step) - min(step), 1)  # one-sample sequences: within one
+            self.assertGreater(min(step), 0)
+        spread = max(max(s) - min(s) for s in sizes["chunks"])
+        self.assertGreater(spread, 10)  # by chunk: uneven
+        out = subprocess.run([CONVEYOR, "dump", self.config, "--dataset", "sparse", "--world", "8", "--rank", "0",
+                              "--distribution", "chunks"], capture_output=True, text=True)
+        self.assertIn("distribution 'chunks'", out.stderr)
+
+    def test_four_ranks_on_one_daemon_parse_each_chunk_once(self):
+        def parsed():
+            text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10).read().decode()
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('conveyor_chunks_parsed_total{dataset="sparse"}'))
+        before = parsed()
+        iters = [iter(self.dataset(rank=r, world=4, seed=11)) for r in range(4)]
+        steps = 0
+        while True:  # the ranks in step, as data-parallel training runs them
+            got = [next(it, None) for it in iters]
+            if all(g is None for g in got):
+                break
+            steps += 1
+        self.assertEqual(steps, 20)
+        inspect = subprocess.run([CONVEYOR, "inspect", self.config, "--dataset", "sparse"], check=True,
+                                 capture_output=True, text=True).stdout
+        chunks = int(next(line.split()[1] for line in inspect.splitlines() if line.split()[:1] == ["chunks"]))
+        self.assertGreater(chunks, 8)
+        self.assertEqual(parsed() - before, chunks)  # each chunk parsed once for the 4 ranks
+
+
+if __name__ == "__main__":
+    unittest.main()
