@@ -6,6 +6,7 @@ DataLoader with workers, with DistributedDataParallel keeping the model in step.
     PYTHONPATH=build/python /usr/bin/python3 examples/train_ddp.py ADDRESS [--world 2] [--epochs 3]
     # or under torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
     torchrun --nproc_per_node 2 examples/train_ddp.py ADDRESS
+    # (Debian 12's torch 1.13 with Python 3.11: add --redirects 1 --tee 1; its default fails to parse)
 
 ConveyorDataset takes the rank and world from the process group by itself; the dataset's
 "balanced" distribution gives every rank the same number of batches of (nearly) the same
@@ -69,6 +70,10 @@ def train(rank, world, args):
         if ds.rank == 0:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "data": states}, args.checkpoint)
     if dist.is_initialized():
+        # DistributedDataParallel holds the process group: release it before the group, or
+        # gloo may wait forever on a peer that already left.
+        del model, opt
+        dist.barrier()
         dist.destroy_process_group()
     if ds.rank == 0 and len(losses) > 1 and not losses[-1] < losses[0]:
         print("the loss did not fall", file=sys.stderr)

@@ -18,3 +18,6 @@ build/client/conveyor subscribe "$address" --dataset sparse --epochs 20
 echo
 echo "\$ python3 examples/train_logreg.py $address --epochs 5"
 PYTHONPATH=build/python /usr/bin/python3 examples/train_logreg.py "$address" --epochs 5
+echo
+echo "\$ python3 examples/train_ddp.py $address --world 2 --workers 2 --epochs 3"
+PYTHONPATH=build/python /usr/bin/python3 examples/train_ddp.py "$address" --world 2 --workers 2 --epochs 3
