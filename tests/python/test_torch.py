@@ -199,6 +199,33 @@ class TorchTest(unittest.TestCase):
                 self.assertNotEqual(orders[0], orders[1])  # reshuffled each sweep
                 self.assertEqual(sorted(orders[0]), sorted(orders[2]))
 
+    def metric(self, name):
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10).read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+    def test_the_main_process_keeps_one_stream_for_all_epochs(self):
+        import gc
+        gc.collect()  # other tests' datasets close their streams
+        for _ in range(200):
+            if self.metric("conveyor_active_streams") == 0:
+                break
+            time.sleep(0.05)
+        ended = self.metric("conveyor_streams_ended_total")
+        ds = self.dataset("simple")
+        for epoch in range(3):
+            self.assertEqual({b["_epoch"] for b in ds}, {epoch})
+            self.assertEqual(self.metric("conveyor_active_streams"), 1)  # open between epochs
+        self.assertEqual(self.metric("conveyor_streams_ended_total"), ended)
+        ds.set_epoch(7)  # elsewhere: a new stream
+        self.assertEqual({b["_epoch"] for b in ds}, {7})
+        ds.close()
+        for _ in range(100):
+            if self.metric("conveyor_active_streams") == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(self.metric("conveyor_active_streams"), 0)
+        self.assertEqual(self.metric("conveyor_streams_ended_total"), ended + 2)
+
     def test_set_epoch_starts_that_epoch_and_end_of_epoch_is_marked(self):
         expected = dump_batches(self.config, "sparse", "--minibatch-size", "100", "--seed", "5", "--epochs", "3")
         ds = self.dataset()
