@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses with clang (ASan + UBSan) and runs each for SECONDS
 # (default 20), starting from the seed corpus in tests/fuzz/corpus/. A crash fails the run
-# and leaves the reproducer in build-fuzz/.
+# and leaves the reproducer in build-fuzz/. The formats' harnesses need only common/; the
+# client's stream reader (stream_reader_fuzzer) needs the protocol, so gRPC is configured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCONVEYOR_BUILD_FUZZERS=ON -DCONVEYOR_BUILD_TESTS=OFF -DCONVEYOR_BUILD_BENCHMARKS=OFF \
-  -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_SERVICE=OFF -DCONVEYOR_SANITIZE=address,undefined >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer
-for f in ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer; do
+  -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_SERVICE=ON -DCONVEYOR_SANITIZE=address,undefined >/dev/null
+fuzzers=(ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer stream_reader_fuzzer)
+cmake --build build-fuzz -j "$(nproc)" --target "${fuzzers[@]}"
+for f in "${fuzzers[@]}"; do
   corpus="build-fuzz/corpus-$f"
   mkdir -p "$corpus"
   cp -n tests/fuzz/corpus/"$f"/* "$corpus"/ 2>/dev/null || true

@@ -144,7 +144,7 @@ Subscription::Subscription(std::vector<std::string> addresses, std::vector<std::
                            size_t first, v1::Subscribe request, SubscribeOptions options, std::string token,
                            ClientLimits limits)
     : addresses_(std::move(addresses)), channels_(std::move(channels)), current_(first),
-      stub_(v1::Loader::NewStub(channels_[current_])), request_(std::move(request)), options_(options),
+      request_(std::move(request)), options_(options),
       token_(std::move(token)), limits_(limits), reader_(limits) {}
 
 Subscription::~Subscription() { Cancel(); }
@@ -159,7 +159,9 @@ void Subscription::Cancel() {
 absl::Status Subscription::Open() {
   context_ = std::make_unique<grpc::ClientContext>();
   if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
-  stream_ = stub_->Stream(context_.get());
+  static const grpc::internal::RpcMethod kStream("/conveyor.v1.Loader/Stream", grpc::internal::RpcMethod::BIDI_STREAMING);
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+      channels_[current_].get(), kStream, context_.get()));
   reader_ = StreamReader(limits_);
   has_unacked_ = false;
   segments_.clear();  // a new stream announces its own segments (batches in hand keep theirs)
@@ -167,7 +169,7 @@ absl::Status Subscription::Open() {
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
-  if (!stream_->Write(first)) {
+  if (!Write(first)) {
     const grpc::Status st = stream_->Finish();
     stream_.reset();  // finished: Cancel() must not finish it again
     return FromGrpc(st);
@@ -209,25 +211,38 @@ absl::Status Subscription::Abort(absl::Status why) {
   return why;
 }
 
-bool Subscription::Read(v1::StreamResponse* msg, bool* idle) {
+bool Subscription::Write(const v1::StreamRequest& request) {
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::StreamRequest>::Serialize(request, &buffer, &own).ok()) return false;
+  return stream_->Write(buffer);
+}
+
+Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg) {
+  grpc::ByteBuffer buffer;
   if (options_.idle_timeout.count() > 0) watchdog_.Arm(context_.get(), options_.idle_timeout);
-  const bool got = stream_->Read(msg);
-  *idle = options_.idle_timeout.count() > 0 && watchdog_.Disarm();
-  return got && !*idle;
+  const bool got = stream_->Read(&buffer);
+  if (options_.idle_timeout.count() > 0 && watchdog_.Disarm()) return ReadResult::kIdle;
+  if (!got) return ReadResult::kEnded;
+  if (!grpc::SerializationTraits<v1::StreamResponse>::Deserialize(&buffer, msg).ok()) return ReadResult::kUnparsable;
+  return ReadResult::kMessage;
 }
 
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   while (true) {
     v1::StreamResponse msg;
-    bool idle = false;
-    if (!Read(&msg, &idle)) {
+    const ReadResult read = Read(&msg);
+    if (read == ReadResult::kUnparsable) {
+      return Abort(absl::InvalidArgumentError("the daemon sent a message that does not parse as a StreamResponse"));
+    }
+    if (read == ReadResult::kIdle) {
+      return Abort(absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
+                                                       options_.idle_timeout.count(), " ms (the idle deadline)")));
+    }
+    if (read == ReadResult::kEnded) {
       // The call ended: its status, or (OK) whether the stream's data really ended.
       grpc::Status st = stream_->Finish();
       stream_.reset();
-      if (idle) {
-        return absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
-                                                   options_.idle_timeout.count(), " ms (the idle deadline)"));
-      }
       if (!st.ok()) return FromGrpc(st);
       absl::Status finished = reader_.Finished();
       // Broken off, not wrong: resumable from the last cursor like a daemon that went away.
@@ -310,7 +325,7 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
       v1::StreamRequest ack;
       ack.mutable_ack()->set_serial(unacked_serial_);
       has_unacked_ = false;
-      stream_->Write(ack);  // a failed write shows up in the next Read
+      Write(ack);  // a failed write shows up in the next Read
     }
     if (st.ok()) {
       auto r = Receive(out);
@@ -328,7 +343,6 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
     Cancel();
     if (channels_.size() > 1) {
       current_ = (current_ + 1) % channels_.size();
-      stub_ = v1::Loader::NewStub(channels_[current_]);
     }
     if (reconnects_ % channels_.size() == 0 || channels_.size() == 1) {
       const int round = reconnects_ / static_cast<int>(channels_.size());

@@ -168,14 +168,14 @@ class Subscription {
   // A broken stream: cancels the call before finishing it (a daemon that keeps the call open
   // must not hang the client), and returns `why`.
   absl::Status Abort(absl::Status why);
-  // Reads the next message within the idle deadline; false when the call ended (or was
-  // cancelled for idleness: *idle).
-  bool Read(v1::StreamResponse* msg, bool* idle);
+  // Reads the next message within the idle deadline.
+  enum class ReadResult { kMessage, kEnded, kIdle, kUnparsable };
+  ReadResult Read(v1::StreamResponse* msg);
+  bool Write(const v1::StreamRequest& request);
 
   const std::vector<std::string> addresses_;
   const std::vector<std::shared_ptr<grpc::Channel>> channels_;
   size_t current_ = 0;
-  std::unique_ptr<v1::Loader::Stub> stub_;
   v1::Subscribe request_;
   const SubscribeOptions options_;
   const std::string token_;
@@ -183,7 +183,9 @@ class Subscription {
   StreamReader reader_;
   IdleWatchdog watchdog_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
+  // Raw bytes both ways: the client parses the daemon's messages itself, so that one that
+  // does not parse is a protocol error it cancels the call for, not a stalled read.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
   bool has_unacked_ = false;
   uint64_t unacked_serial_ = 0;
   std::string last_cursor_;
