@@ -1,11 +1,11 @@
-// The host half of GPU assembly: building, packing and (for reference) running a program.
+// The host half of GPU assembly: building and packing a program.
 #include "cuda/assembly_program.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/formats/kaldi/kaldi_cm_math.h"
+#include "common/formats/kaldi/kaldi_object.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -44,82 +44,16 @@ const void* ValuesAt(const ParsedStream& ps, Precision precision, uint64_t index
   return ps.values_f64.data() + index;
 }
 
-template <typename P>
-void ExclusiveScan(const P* counts, uint64_t n, P* out) {
-  P sum = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const P c = counts[i];
-    out[i] = sum;
-    sum += c;
-  }
-}
-
-template <typename T>
-void Scatter(const ScatterOp& op, const std::byte* staging, std::byte* slot) {
-  const auto* rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
-  const auto* values = reinterpret_cast<const T*>(staging + op.src_values);
-  T* column = reinterpret_cast<T*>(slot + op.dst);
-  for (uint64_t k = 0; k < op.nnz; ++k) column[rowind[k]] += values[k];
-}
-
-// CSC (cols x dim, int32 colptr) to CSR, entries of a row in column order (a stable
-// counting sort by row index), as the CPU assembler and cuSPARSE's csr2csc produce.
-void Transpose(const TransposeOp& op, uint64_t value_bytes, const std::byte* scratch, std::byte* slot) {
-  const auto* colptr = reinterpret_cast<const int32_t*>(scratch + op.csc_colptr);
-  const auto* rowind = reinterpret_cast<const int32_t*>(scratch + op.csc_rowind);
-  auto* rowptr = reinterpret_cast<int32_t*>(slot + op.rowptr);
-  auto* colind = reinterpret_cast<int32_t*>(slot + op.colind);
-  std::vector<int32_t> next(op.dim + 1, 0);
-  for (uint64_t k = 0; k < op.nnz; ++k) ++next[static_cast<uint64_t>(rowind[k]) + 1];
-  for (uint64_t r = 0; r < op.dim; ++r) next[r + 1] += next[r];
-  std::memcpy(rowptr, next.data(), (op.dim + 1) * sizeof(int32_t));
-  for (uint64_t c = 0; c < op.cols; ++c) {
-    for (int32_t k = colptr[c]; k < colptr[c + 1]; ++k) {
-      const int32_t at = next[static_cast<uint64_t>(rowind[k])]++;
-      colind[at] = static_cast<int32_t>(c);
-      std::memcpy(slot + op.values + static_cast<uint64_t>(at) * value_bytes,
-                  scratch + op.csc_values + static_cast<uint64_t>(k) * value_bytes, value_bytes);
-    }
-  }
-}
-
-// One decoded value of a decode op, as the kernel computes it (element (r, c)).
-inline float DecodedValue(const DecodeOp& op, const std::byte* staging, uint64_t r, uint64_t c) {
-  const std::byte* src = staging + op.src;
-  if (op.type == 1) {
-    const std::byte* h = src + 8 * c;
-    uint16_t q[4];
-    std::memcpy(q, h, 8);
-    const float p0 = kaldi::CmPercentile(op.min_value, op.range, q[0]);
-    const float p25 = kaldi::CmPercentile(op.min_value, op.range, q[1]);
-    const float p75 = kaldi::CmPercentile(op.min_value, op.range, q[2]);
-    const float p100 = kaldi::CmPercentile(op.min_value, op.range, q[3]);
-    const auto v = static_cast<uint8_t>(src[8 * op.cols + c * op.rows + r]);
-    return kaldi::CmByte(p0, p25, p75, p100, v);
-  }
-  if (op.type == 2) {
-    uint16_t v;
-    std::memcpy(&v, src + 2 * (r * op.cols + c), 2);
-    return kaldi::CmLinear(op.min_value, kaldi::Cm2Increment(op.range), v);
-  }
-  return kaldi::CmLinear(op.min_value, kaldi::Cm3Increment(op.range), static_cast<uint8_t>(src[r * op.cols + c]));
-}
-
-template <typename T>
-void Decode(const DecodeOp& op, const std::byte* staging, std::byte* slot) {
-  T* out = reinterpret_cast<T*>(slot + op.dst);
-  for (uint64_t r = 0; r < op.rows; ++r) {
-    for (uint64_t c = 0; c < op.cols; ++c) out[r * op.cols + c] = static_cast<T>(DecodedValue(op, staging, r, c));
-  }
-}
-
 // Header bytes before a compressed matrix's data: marker "\0B", token "CM " or "CM2 "/"CM3 ",
 // the 16-byte global header.
 constexpr uint64_t kCm1Data = 2 + 3 + 16, kCm23Data = 2 + 4 + 16;
 
 }  // namespace
 
-absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+namespace {
+
+// The program of a batch without narrowed values.
+absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
   if (pieces.size() != plan.pieces.size() || plan.counts.size() != pieces.size() * plan.streams.size()) {
     return absl::InvalidArgumentError(absl::StrCat("the batch plan has ", plan.pieces.size(), " pieces; ",
                                                    pieces.size(), " were given"));
@@ -193,7 +127,25 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       tr.csc_colptr = Align(prog.scratch_bytes, kArrayAlignment);
       tr.csc_rowind = Align(tr.csc_colptr + (cols + 1) * 4, kArrayAlignment);
       tr.csc_values = Align(tr.csc_rowind + L.nnz * 4, kArrayAlignment);
-      prog.scratch_bytes = Align(tr.csc_values + L.nnz * vb, kArrayAlignment);
+      // The stable radix sort's arrays (program_ops.h): as many 8-bit digits as rows need.
+      uint32_t bits = 0;
+      while (bits < 32 && (uint64_t{1} << bits) < L.dim) ++bits;
+      tr.passes = (bits + kRadixBits - 1) / kRadixBits;
+      tr.tiles = (L.nnz + kSortTile - 1) / kSortTile;
+      uint64_t at = tr.csc_values + L.nnz * vb;
+      auto take = [&](uint64_t bytes) {
+        const uint64_t offset = Align(at, kArrayAlignment);
+        at = offset + bytes;
+        return offset;
+      };
+      tr.col_of = take(L.nnz * 4);
+      for (int i = 0; i < 2; ++i) {
+        tr.keys[i] = take(L.nnz * 4);
+        tr.perm[i] = take(L.nnz * 4);
+      }
+      tr.hist = take(kRadixBuckets * tr.tiles * 4);
+      tr.offsets = take(kRadixBuckets * tr.tiles * 4);
+      prog.scratch_bytes = Align(at, kArrayAlignment);
       tr.rowptr = L.rowptr.offset;
       tr.colind = L.colind.offset;
       tr.values = L.values.offset;
@@ -263,6 +215,7 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
     op.dst = dst;
     op.rows = static_cast<uint32_t>(n);
     op.cols = static_cast<uint32_t>(cols);
+    op.column_rows = static_cast<uint32_t>(n);
     op.min_value = m.info.min_value;
     op.range = m.info.range;
     const uint64_t R = static_cast<uint64_t>(m.info.rows), C = static_cast<uint64_t>(m.info.cols);
@@ -279,7 +232,18 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
       op.src = pack(data + width * (row * C + col0), 0);
       for (uint64_t r = row; r < row + n; ++r) pack_next(data + width * (r * C + col0), width * cols);
     }
-    prog.decodes.push_back(op);
+    // At most kDecodeOpValues values an op (one block each): bands of rows. CM bands share
+    // the staged column headers and columns; CM2/CM3 bands start at their own rows.
+    const uint64_t band = std::max<uint64_t>(1, kDecodeOpValues / std::max<uint64_t>(cols, 1));
+    const uint64_t width = op.type == 2 ? 2 : 1;
+    for (uint64_t r = 0; r < n; r += band) {
+      DecodeOp part = op;
+      part.rows = static_cast<uint32_t>(std::min(band, n - r));
+      part.dst = dst + r * cols * vb;
+      if (op.type == 1) part.row0 = static_cast<uint32_t>(r);
+      else part.src = op.src + width * r * cols;
+      prog.decodes.push_back(part);
+    }
   };
   struct CompressedRun {  // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
     const CompressedDense* matrix = nullptr;
@@ -325,7 +289,14 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
         if (L.dense_values()) {
           for (uint32_t t = 0; t < c; ++t) {
             const uint64_t k0 = ps.nnz_begin[b + t] - nb, n = ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t];
-            if (n > 0) prog.scatters.push_back({rowind + k0 * 4, values + k0 * vb, n, L.values.offset + (col + t) * L.dim * vb});
+            if (n == 0) continue;
+            // A long sample: row bands, one thread each (ScatterOp), sums still in file order.
+            uint64_t bands = std::min<uint64_t>((n + kScatterBandEntries - 1) / kScatterBandEntries, kMaxScatterBands);
+            bands = std::max<uint64_t>(1, std::min<uint64_t>(bands, L.dim));
+            for (uint64_t band = 0; band < bands; ++band) {
+              prog.scatters.push_back({rowind + k0 * 4, values + k0 * vb, n, L.values.offset + (col + t) * L.dim * vb,
+                                       static_cast<uint32_t>(band), static_cast<uint32_t>(bands)});
+            }
           }
           continue;
         }
@@ -346,7 +317,15 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
           op.rowind = L.rowind.offset;
           op.values = L.values.offset;
         }
-        prog.csc_pieces.push_back(op);
+        // At most kCscPieceEntries entries an op (one block each).
+        for (uint64_t skip = 0; skip < nnz; skip += kCscPieceEntries) {
+          CscPieceOp part = op;
+          part.src_rowind = rowind + skip * 4;
+          part.src_values = values + skip * vb;
+          part.nnz = std::min(kCscPieceEntries, nnz - skip);
+          part.skip = skip;
+          prog.csc_pieces.push_back(part);
+        }
       }
     }
   }
@@ -360,6 +339,24 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
   return prog;
 }
 
+}  // namespace
+
+absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  if (!NarrowsValues(plan)) return BuildProgramFor(plan, pieces);
+  // The float32 twin in scratch, then narrowed into the slot (value_conversion.h).
+  const BatchPlan wide = WidePlan(plan);
+  absl::StatusOr<AssemblyProgram> prog = BuildProgramFor(wide, pieces);
+  if (!prog.ok()) return prog;
+  prog->wide_at = Align(prog->scratch_bytes, kArrayAlignment);
+  prog->wide_bytes = wide.total_bytes;
+  prog->scratch_bytes = prog->wide_at + wide.total_bytes;
+  prog->slot_bytes = plan.total_bytes;
+  prog->narrows = NarrowOps(wide, plan);
+  prog->narrows_at = prog->staging_bytes;
+  prog->staging_bytes = Align(prog->narrows_at + prog->narrows.size() * sizeof(NarrowOp), 16);
+  return prog;
+}
+
 void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   if (!prog.host_arrays.empty()) std::memcpy(staging, prog.host_arrays.data(), prog.host_arrays.size());
   for (const HostPack& p : prog.packs) std::memcpy(staging + p.dst, p.src, p.bytes);
@@ -369,63 +366,7 @@ void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   }
   if (!prog.scatters.empty()) std::memcpy(staging + prog.scatters_at, prog.scatters.data(), prog.scatters.size() * sizeof(ScatterOp));
   if (!prog.decodes.empty()) std::memcpy(staging + prog.decodes_at, prog.decodes.data(), prog.decodes.size() * sizeof(DecodeOp));
+  if (!prog.narrows.empty()) std::memcpy(staging + prog.narrows_at, prog.narrows.data(), prog.narrows.size() * sizeof(NarrowOp));
 }
-
-void RunProgramOnHost(const AssemblyProgram& prog, const std::byte* staging, std::byte* scratch, std::byte* slot) {
-  std::memset(slot, 0, prog.slot_bytes);
-  // Descriptors are read back from the staging buffer, as the kernels read them.
-  const auto* copies = reinterpret_cast<const CopyItem*>(staging + prog.copies_at);
-  for (size_t i = 0; i < prog.copies.size(); ++i) std::memcpy(slot + copies[i].dst, staging + copies[i].src, copies[i].bytes);
-  for (const ScanOp& scan : prog.scans) {
-    std::byte* base = scan.in_scratch ? scratch : slot;
-    if (scan.wide) {
-      ExclusiveScan(reinterpret_cast<const int64_t*>(staging + scan.counts), scan.cols + 1,
-                    reinterpret_cast<int64_t*>(base + scan.colptr));
-    } else {
-      ExclusiveScan(reinterpret_cast<const int32_t*>(staging + scan.counts), scan.cols + 1,
-                    reinterpret_cast<int32_t*>(base + scan.colptr));
-    }
-  }
-  const auto* ops = reinterpret_cast<const CscPieceOp*>(staging + prog.csc_pieces_at);
-  for (size_t i = 0; i < prog.csc_pieces.size(); ++i) {
-    const CscPieceOp& op = ops[i];
-    std::byte* base = op.in_scratch ? scratch : slot;
-    const uint64_t at = op.wide ? static_cast<uint64_t>(reinterpret_cast<const int64_t*>(base + op.colptr)[op.first_col])
-                                : static_cast<uint64_t>(reinterpret_cast<const int32_t*>(base + op.colptr)[op.first_col]);
-    std::memcpy(base + op.rowind + at * 4, staging + op.src_rowind, op.nnz * 4);
-    std::memcpy(base + op.values + at * prog.value_bytes, staging + op.src_values, op.nnz * prog.value_bytes);
-  }
-  const auto* scatters = reinterpret_cast<const ScatterOp*>(staging + prog.scatters_at);
-  for (size_t i = 0; i < prog.scatters.size(); ++i) {
-    if (prog.value_bytes == 4) Scatter<float>(scatters[i], staging, slot);
-    else Scatter<double>(scatters[i], staging, slot);
-  }
-  for (const TransposeOp& tr : prog.transposes) Transpose(tr, prog.value_bytes, scratch, slot);
-  const auto* decodes = reinterpret_cast<const DecodeOp*>(staging + prog.decodes_at);
-  for (size_t i = 0; i < prog.decodes.size(); ++i) {
-    if (prog.value_bytes == 4) Decode<float>(decodes[i], staging, slot);
-    else Decode<double>(decodes[i], staging, slot);
-  }
-}
-
-namespace {
-
-class HostProgramAssembler final : public BatchAssembler {
- public:
-  const char* name() const override { return "host-program"; }
-  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
-    if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
-    absl::StatusOr<AssemblyProgram> prog = BuildAssemblyProgram(plan, pieces);
-    if (!prog.ok()) return prog.status();
-    std::vector<std::byte> staging(prog->staging_bytes), scratch(prog->scratch_bytes);
-    PackStaging(*prog, staging.data());
-    RunProgramOnHost(*prog, staging.data(), scratch.data(), dst.data());
-    return absl::OkStatus();
-  }
-};
-
-}  // namespace
-
-std::unique_ptr<BatchAssembler> MakeHostProgramAssembler() { return std::make_unique<HostProgramAssembler>(); }
 
 }  // namespace conveyor::gpu

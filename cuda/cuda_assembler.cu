@@ -1,5 +1,6 @@
-// The CUDA assembler: staging, the assembly kernels, Thrust scans and cuSPARSE transposes.
-// The kernels do exactly what RunProgramOnHost() does (assembly_program.cc).
+// The CUDA assembler: staging, and the assembly program (program_runner.h) run on the
+// device: the kernels of cuda/kernels/ through their __global__ wrappers, Thrust scans
+// between them. The host tests run the same kernels through the host executor.
 #include <thrust/execution_policy.h>
 #include <thrust/scan.h>
 
@@ -12,89 +13,47 @@
 #include "cuda/cuda_assembler.h"
 #include "cuda/cuda_buffer.h"
 #include "cuda/cuda_check.h"
-#include "cuda/kaldi_cm_kernels.h"
+#include "cuda/kernels/device_launch.cuh"
+#include "cuda/program_runner.h"
 
 namespace conveyor::gpu {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 65535;
-
-unsigned Blocks(uint64_t items) { return static_cast<unsigned>(std::min<uint64_t>(std::max<uint64_t>(items, 1), kMaxBlocks)); }
-
-// One block per copy item; 16-byte moves when both ends and the length allow.
-__global__ void CopyItemsKernel(const CopyItem* items, uint64_t n, const std::byte* staging, std::byte* slot) {
-  for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const CopyItem it = items[i];
-    const std::byte* src = staging + it.src;
-    std::byte* dst = slot + it.dst;
-    const uint64_t bits = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | it.bytes;
-    if ((bits & 15) == 0) {
-      const auto* s = reinterpret_cast<const uint4*>(src);
-      auto* d = reinterpret_cast<uint4*>(dst);
-      for (uint64_t k = threadIdx.x; k < it.bytes / 16; k += blockDim.x) d[k] = s[k];
-    } else if ((bits & 3) == 0) {
-      const auto* s = reinterpret_cast<const uint32_t*>(src);
-      auto* d = reinterpret_cast<uint32_t*>(dst);
-      for (uint64_t k = threadIdx.x; k < it.bytes / 4; k += blockDim.x) d[k] = s[k];
-    } else {
-      for (uint64_t k = threadIdx.x; k < it.bytes; k += blockDim.x) dst[k] = src[k];
-    }
-  }
-}
-
-// One block per CSC piece: its row indices and values go to colptr[first_col] (already
-// scanned) of the stream's arrays.
-template <typename T>
-__global__ void CscPiecesKernel(const CscPieceOp* ops, uint64_t n, const std::byte* staging, std::byte* slot,
-                                std::byte* scratch) {
-  for (uint64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const CscPieceOp op = ops[i];
-    std::byte* base = op.in_scratch ? scratch : slot;
-    const uint64_t at = op.wide ? static_cast<uint64_t>(reinterpret_cast<const int64_t*>(base + op.colptr)[op.first_col])
-                                : static_cast<uint64_t>(reinterpret_cast<const int32_t*>(base + op.colptr)[op.first_col]);
-    const auto* src_rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
-    const auto* src_values = reinterpret_cast<const T*>(staging + op.src_values);
-    auto* rowind = reinterpret_cast<int32_t*>(base + op.rowind) + at;
-    T* values = reinterpret_cast<T*>(base + op.values) + at;
-    for (uint64_t k = threadIdx.x; k < op.nnz; k += blockDim.x) {
-      rowind[k] = src_rowind[k];
-      values[k] = src_values[k];
-    }
-  }
-}
-
-// One thread per sparse sample delivered dense: its entries added in file order into its
-// zeroed dense column (no two ops share a column, so no atomics, and the sums are the CPU's).
-template <typename T>
-__global__ void ScatterKernel(const ScatterOp* ops, uint64_t n, const std::byte* staging, std::byte* slot) {
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n; i += uint64_t{gridDim.x} * blockDim.x) {
-    const ScatterOp op = ops[i];
-    const auto* rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
-    const auto* values = reinterpret_cast<const T*>(staging + op.src_values);
-    T* column = reinterpret_cast<T*>(slot + op.dst);
-    for (uint64_t k = 0; k < op.nnz; ++k) column[rowind[k]] += values[k];
-  }
-}
-
 // Thrust's temporary storage from a buffer the assembler keeps (no allocation per batch;
-// uses are ordered on the assembler's stream).
+// uses are ordered on the assembler's stream). A request larger than the buffer is served
+// stream-ordered (cudaMallocAsync/cudaFreeAsync) this once, and the buffer grows to the
+// largest request before the next scan.
 struct TempAllocator {
   using value_type = char;
   char* buffer = nullptr;
   uint64_t capacity = 0;
-  uint64_t* wanted = nullptr;  // the largest request, to grow the buffer before the next batch
+  uint64_t* wanted = nullptr;
+  uint64_t* fallbacks = nullptr;
+  cudaStream_t stream = nullptr;
   char* allocate(std::ptrdiff_t bytes) {
     if (static_cast<uint64_t>(bytes) > *wanted) *wanted = static_cast<uint64_t>(bytes);
     if (static_cast<uint64_t>(bytes) <= capacity) return buffer;
-    char* p = nullptr;  // too small this once: a temporary allocation, freed below
-    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) throw std::bad_alloc();
+    char* p = nullptr;
+    if (cudaMallocAsync(reinterpret_cast<void**>(&p), static_cast<size_t>(bytes), stream) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    ++*fallbacks;
     return p;
   }
   void deallocate(char* p, size_t) {
-    if (p != buffer) cudaFree(p);
+    if (p != buffer) cudaFreeAsync(p, stream);
   }
 };
+
+// Spins for `duration_ns` of the device's global timer (StallForTesting).
+__global__ void SpinKernel(uint64_t duration_ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < duration_ns);
+}
 
 // One of the two staging sets: pinned buffer, its device mirror (+ scratch), and the event
 // after which the pinned buffer may be rewritten.
@@ -108,12 +67,11 @@ struct StagingSet {
 struct CudaAssembler::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
-  cusparseHandle_t sparse = nullptr;
   StagingSet sets[2];
   int next = 0;
   CudaBuffer temp{false};        // Thrust temporaries
   uint64_t temp_wanted = 0;
-  CudaBuffer transpose{false};   // cuSPARSE csr2csc buffer
+  uint64_t temp_fallbacks = 0;
   CudaBuffer bounce{false};      // device slot for batches whose destination is host memory
   uint64_t begun = 0;            // fences handed out by Begin()
   struct Pending {
@@ -122,8 +80,42 @@ struct CudaAssembler::Impl {
   };
   std::deque<Pending> pending;   // begun, not waited for (oldest first)
   std::vector<cudaEvent_t> spare_events;
+  ProgramStats stats;
+
+  // program_runner.h's device side: kernels on the assembler's stream, Thrust scans.
+  struct Backend {
+    Impl& m;
+    LaunchPolicy policy() const { return kDeviceLaunchPolicy; }
+    template <typename K>
+    absl::Status Launch(const K& kernel, LaunchShape shape, const char* name) {
+      return LaunchOnDevice(kernel, shape, m.stream, name);
+    }
+    template <typename P>
+    absl::Status ExclusiveScan(const P* in, uint64_t n, P* out) {
+      if (m.temp.capacity < m.temp_wanted) {
+        CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));  // the buffer may be in use
+        if (absl::Status st = m.temp.Reserve(m.temp_wanted, "scan buffer"); !st.ok()) return st;
+      }
+      TempAllocator alloc{reinterpret_cast<char*>(m.temp.data), m.temp.capacity, &m.temp_wanted, &m.temp_fallbacks,
+                          m.stream};
+      try {
+        thrust::exclusive_scan(thrust::cuda::par_nosync(alloc).on(m.stream), in, in + n, out);
+      } catch (const std::exception& e) {
+        return absl::InternalError(absl::StrCat("exclusive scan (thrust::exclusive_scan) failed: ", e.what()));
+      }
+      return absl::OkStatus();
+    }
+    absl::Status Zero(std::byte* p, uint64_t bytes) {
+      CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, m.stream));
+      return absl::OkStatus();
+    }
+  };
 
   ~Impl() {
+    // Everything here belongs to `device`, whichever thread destroys the assembler.
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
     for (const Pending& p : pending) {
       if (p.done != nullptr) cudaEventDestroy(p.done);
@@ -135,118 +127,57 @@ struct CudaAssembler::Impl {
       if (s.sent != nullptr) cudaEventDestroy(s.sent);
     }
     temp.Free();
-    transpose.Free();
     bounce.Free();
-    if (sparse != nullptr) cusparseDestroy(sparse);
     if (stream != nullptr) cudaStreamDestroy(stream);
+    if (restore) cudaSetDevice(previous);
+    cudaGetLastError();
   }
 
   absl::Status Init(const CudaAssemblerOptions& options) {
     device = options.device;
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    CONVEYOR_CUSPARSE_RETURN_IF_ERROR(cusparseCreate(&sparse));
-    CONVEYOR_CUSPARSE_RETURN_IF_ERROR(cusparseSetStream(sparse, stream));
     for (StagingSet& s : sets) {
       CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.sent, cudaEventDisableTiming));
       if (absl::Status st = s.host.Reserve(options.staging_bytes, "pinned staging buffer"); !st.ok()) return st;
       if (absl::Status st = s.device.Reserve(options.staging_bytes, "device staging buffer"); !st.ok()) return st;
     }
-    return temp.Reserve(1 << 20, "scan buffer");
+    return temp.Reserve(options.scan_buffer_bytes, "scan buffer");
   }
 
-  template <typename T>
-  absl::Status Launch(const AssemblyProgram& prog, const std::byte* staging, std::byte* scratch, std::byte* slot) {
-    if (!prog.copies.empty()) {
-      CopyItemsKernel<<<Blocks(prog.copies.size()), kThreads, 0, stream>>>(
-          reinterpret_cast<const CopyItem*>(staging + prog.copies_at), prog.copies.size(), staging, slot);
-      CONVEYOR_CUDA_CHECK_LAUNCH("CopyItemsKernel");
-    }
-    if (prog.scans.size() > 0 && temp.capacity < temp_wanted) {
-      CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      if (absl::Status st = temp.Reserve(temp_wanted, "scan buffer"); !st.ok()) return st;
-    }
-    TempAllocator alloc{reinterpret_cast<char*>(temp.data), temp.capacity, &temp_wanted};
-    for (const ScanOp& scan : prog.scans) {
-      std::byte* base = scan.in_scratch ? scratch : slot;
-      try {
-        if (scan.wide) {
-          const auto* in = reinterpret_cast<const int64_t*>(staging + scan.counts);
-          thrust::exclusive_scan(thrust::cuda::par_nosync(alloc).on(stream), in, in + scan.cols + 1,
-                                 reinterpret_cast<int64_t*>(base + scan.colptr));
-        } else {
-          const auto* in = reinterpret_cast<const int32_t*>(staging + scan.counts);
-          thrust::exclusive_scan(thrust::cuda::par_nosync(alloc).on(stream), in, in + scan.cols + 1,
-                                 reinterpret_cast<int32_t*>(base + scan.colptr));
-        }
-      } catch (const std::exception& e) {
-        return absl::InternalError(absl::StrCat("colptr scan (thrust::exclusive_scan) failed: ", e.what()));
-      }
-    }
-    if (!prog.csc_pieces.empty()) {
-      CscPiecesKernel<T><<<Blocks(prog.csc_pieces.size()), kThreads, 0, stream>>>(
-          reinterpret_cast<const CscPieceOp*>(staging + prog.csc_pieces_at), prog.csc_pieces.size(), staging, slot,
-          scratch);
-      CONVEYOR_CUDA_CHECK_LAUNCH("CscPiecesKernel");
-    }
-    if (!prog.scatters.empty()) {
-      ScatterKernel<T><<<Blocks((prog.scatters.size() + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-          reinterpret_cast<const ScatterOp*>(staging + prog.scatters_at), prog.scatters.size(), staging, slot);
-      CONVEYOR_CUDA_CHECK_LAUNCH("ScatterKernel");
-    }
-    if (!prog.decodes.empty()) {  // Kaldi compressed matrices left compressed in the chunks
-      CONVEYOR_CUDA_RETURN_IF_ERROR(LaunchDecodeOps(reinterpret_cast<const DecodeOp*>(staging + prog.decodes_at),
-                                                    prog.decodes.size(), staging, slot, sizeof(T) == 8, stream));
-    }
-    const cudaDataType value_type = sizeof(T) == 4 ? CUDA_R_32F : CUDA_R_64F;
-    for (const TransposeOp& tr : prog.transposes) {
-      if (tr.nnz == 0) continue;  // rowptr stays zero, as zeroed
-      const int m = static_cast<int>(tr.cols), n = static_cast<int>(tr.dim), nnz = static_cast<int>(tr.nnz);
-      const void* csr_values = scratch + tr.csc_values;
-      const auto* csr_rowptr = reinterpret_cast<const int*>(scratch + tr.csc_colptr);
-      const auto* csr_colind = reinterpret_cast<const int*>(scratch + tr.csc_rowind);
-      void* csc_values = slot + tr.values;
-      auto* csc_colptr = reinterpret_cast<int*>(slot + tr.rowptr);
-      auto* csc_rowind = reinterpret_cast<int*>(slot + tr.colind);
-      size_t need = 0;
-      CONVEYOR_CUSPARSE_RETURN_IF_ERROR(cusparseCsr2cscEx2_bufferSize(
-          sparse, m, n, nnz, csr_values, csr_rowptr, csr_colind, csc_values, csc_colptr, csc_rowind, value_type,
-          CUSPARSE_ACTION_NUMERIC, CUSPARSE_INDEX_BASE_ZERO, CUSPARSE_CSR2CSC_ALG1, &need));
-      if (need > transpose.capacity) {
-        CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-        if (absl::Status st = transpose.Reserve(std::max<uint64_t>(need, 1 << 20), "cuSPARSE buffer"); !st.ok()) return st;
-      }
-      CONVEYOR_CUSPARSE_RETURN_IF_ERROR(cusparseCsr2cscEx2(
-          sparse, m, n, nnz, csr_values, csr_rowptr, csr_colind, csc_values, csc_colptr, csc_rowind, value_type,
-          CUSPARSE_ACTION_NUMERIC, CUSPARSE_INDEX_BASE_ZERO, CUSPARSE_CSR2CSC_ALG1, transpose.data));
-    }
-    return absl::OkStatus();
-  }
-
+  // Everything the device does for a batch, enqueued on the stream. The caller made `device`
+  // current. On an error after work was enqueued, waits for the stream before returning, so
+  // that nothing still writes `slot` (or reads staging) once the caller has the error.
   absl::Status Enqueue(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* slot) {
     absl::StatusOr<AssemblyProgram> prog = BuildAssemblyProgram(plan, pieces);
     if (!prog.ok()) return prog.status();
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    absl::Status st = EnqueueProgram(*prog, slot);
+    if (!st.ok()) {
+      cudaStreamSynchronize(stream);
+      cudaGetLastError();
+    }
+    return st;
+  }
+
+  absl::Status EnqueueProgram(const AssemblyProgram& prog, std::byte* slot) {
     StagingSet& set = sets[next];
     next ^= 1;
     // The pinned buffer was last sent two batches ago; wait until that copy is done.
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(set.sent));
-    const uint64_t device_bytes = (prog->staging_bytes + 255) / 256 * 256 + prog->scratch_bytes;
-    if (prog->staging_bytes > set.host.capacity || device_bytes > set.device.capacity) {
+    const uint64_t device_bytes = (prog.staging_bytes + 255) / 256 * 256 + prog.scratch_bytes;
+    if (prog.staging_bytes > set.host.capacity || device_bytes > set.device.capacity) {
       CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // the device mirror may be in use
-      if (absl::Status st = set.host.Reserve(prog->staging_bytes, "pinned staging buffer"); !st.ok()) return st;
+      if (absl::Status st = set.host.Reserve(prog.staging_bytes, "pinned staging buffer"); !st.ok()) return st;
       if (absl::Status st = set.device.Reserve(device_bytes, "device staging buffer"); !st.ok()) return st;
     }
-    PackStaging(*prog, set.host.data);
+    PackStaging(prog, set.host.data);
     std::byte* staging = set.device.data;
-    std::byte* scratch = staging + (prog->staging_bytes + 255) / 256 * 256;
+    std::byte* scratch = staging + (prog.staging_bytes + 255) / 256 * 256;
     CONVEYOR_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(staging, set.host.data, prog->staging_bytes, cudaMemcpyHostToDevice, stream));
+        cudaMemcpyAsync(staging, set.host.data, prog.staging_bytes, cudaMemcpyHostToDevice, stream));
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventRecord(set.sent, stream));
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slot, 0, prog->slot_bytes, stream));
-    if (prog->scratch_bytes > 0) CONVEYOR_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, prog->scratch_bytes, stream));
-    if (prog->value_bytes == 4) return Launch<float>(*prog, staging, scratch, slot);
-    return Launch<double>(*prog, staging, scratch, slot);
+    Backend backend{*this};
+    return RunProgram(prog, staging, scratch, slot, backend, &stats);
   }
 };
 
@@ -262,7 +193,19 @@ absl::StatusOr<std::unique_ptr<CudaAssembler>> CudaAssembler::Create(const CudaA
 
 int CudaAssembler::device() const { return impl_->device; }
 
+ProgramStats CudaAssembler::stats() const { return impl_->stats; }
+
+uint64_t CudaAssembler::scan_buffer_fallbacks() const { return impl_->temp_fallbacks; }
+
+absl::Status CudaAssembler::StallForTesting(absl::Duration duration) {
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
+  SpinKernel<<<1, 1, 0, impl_->stream>>>(static_cast<uint64_t>(absl::ToInt64Nanoseconds(duration)));
+  CONVEYOR_CUDA_CHECK_LAUNCH("SpinKernel");
+  return absl::OkStatus();
+}
+
 absl::Status CudaAssembler::AssembleAsync(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* device_dst) {
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   return impl_->Enqueue(plan, pieces, device_dst);
 }
 
@@ -270,6 +213,7 @@ absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan& plan, absl::Span<
                                                absl::Span<std::byte> dst) {
   Impl& m = *impl_;
   if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   cudaPointerAttributes attr{};
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
@@ -279,17 +223,20 @@ absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan& plan, absl::Span<
     return m.begun;
   }
   // Enqueue() copies all it reads from the pieces into pinned staging before it returns,
-  // so only the device's work remains: an event marks its end.
+  // so only the device's work remains: an event marks its end. (On an error it has waited
+  // for the stream: no fence is needed for a batch that failed.)
   if (absl::Status st = m.Enqueue(plan, pieces, dst.data()); !st.ok()) return st;
   cudaEvent_t done = nullptr;
   if (!m.spare_events.empty()) {
     done = m.spare_events.back();
     m.spare_events.pop_back();
-  } else {
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  } else if (cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming); e != cudaSuccess) {
+    cudaStreamSynchronize(m.stream);  // no fence to hand out: the batch must be complete before we fail
+    CONVEYOR_CUDA_RETURN_IF_ERROR(e);
   }
   if (cudaError_t e = cudaEventRecord(done, m.stream); e != cudaSuccess) {
     m.spare_events.push_back(done);
+    cudaStreamSynchronize(m.stream);
     CONVEYOR_CUDA_RETURN_IF_ERROR(e);
   }
   m.pending.push_back({++m.begun, done});
@@ -310,12 +257,15 @@ absl::Status CudaAssembler::Wait(uint64_t fence) {
 }
 
 absl::Status CudaAssembler::Synchronize() {
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
   return absl::OkStatus();
 }
 
 absl::Status CudaAssembler::Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) {
   if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
+  // First: the bounce buffer below must be allocated on our device, not the thread's.
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   cudaPointerAttributes attr{};
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
   const bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
@@ -328,8 +278,12 @@ absl::Status CudaAssembler::Assemble(const BatchPlan& plan, absl::Span<const Pie
     if (absl::Status st = impl_->bounce.Reserve(plan.total_bytes, "device batch buffer"); !st.ok()) return st;
   }
   if (absl::Status st = impl_->Enqueue(plan, pieces, impl_->bounce.data); !st.ok()) return st;
-  CONVEYOR_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dst.data(), impl_->bounce.data, plan.total_bytes, cudaMemcpyDeviceToHost, impl_->stream));
+  if (cudaError_t e = cudaMemcpyAsync(dst.data(), impl_->bounce.data, plan.total_bytes, cudaMemcpyDeviceToHost,
+                                      impl_->stream);
+      e != cudaSuccess) {
+    cudaStreamSynchronize(impl_->stream);
+    CONVEYOR_CUDA_RETURN_IF_ERROR(e);
+  }
   return Synchronize();
 }
 

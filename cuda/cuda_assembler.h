@@ -1,10 +1,16 @@
 // cuda_assembler.h: the CUDA BatchAssembler. The host builds an AssemblyProgram
 // (assembly_program.h) and packs it into one of two pinned staging buffers; one H2D copy
-// sends it; kernels zero the slot, copy dense values/ids/lengths/mask/flags, scan per-column
-// nnz into colptr (Thrust), scatter CSC pieces, sum sparse samples into dense columns;
-// cuSPARSE transposes CSR streams. Everything runs on the assembler's own stream; while
-// the device assembles batch k the host packs batch k+1 into the other staging buffer
-// (an event guards each buffer's reuse). Batches are bit-identical to the CPU assembler's.
+// sends it; the program's kernels (cuda/kernels/, run in program_runner.h's order) zero the
+// slot, copy dense values/ids/lengths/mask/flags, scan per-column nnz into colptr (Thrust),
+// scatter CSC pieces, sum sparse samples into dense columns, decode Kaldi compressed
+// matrices and transpose CSR streams (a stable radix sort). Everything runs on the
+// assembler's own stream; while the device assembles batch k the host packs batch k+1 into
+// the other staging buffer (an event guards each buffer's reuse). The same kernels run on
+// the host in CI (host_program.h), byte for byte the CPU assembler's batches; on a device,
+// conveyor_gpu_tests compares them too.
+//
+// Each call makes the assembler's device current on the calling thread first (and leaves
+// it current); destruction may happen on any thread. Not thread-safe: one producer at a time.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +18,9 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/batch/assembler.h"
+#include "cuda/assembly_program.h"
 
 namespace conveyor::gpu {
 
@@ -21,12 +29,17 @@ struct CudaAssemblerOptions {
   // Initial size of each of the two pinned staging buffers and their device mirrors; a
   // larger batch grows them (once, logged), so steady state never allocates.
   uint64_t staging_bytes = uint64_t{32} << 20;
+  // Initial size of the buffer Thrust's scans take their temporary storage from; a larger
+  // request is served by a stream-ordered allocation once and grows the buffer (tests set 0
+  // to exercise that path).
+  uint64_t scan_buffer_bytes = uint64_t{1} << 20;
 };
 
 class CudaAssembler final : public BatchAssembler {
  public:
   // Errors: Unimplemented (no CUDA backend in this build), FailedPrecondition (no such
-  // device), Internal (a CUDA call failed: file, line, call, error).
+  // device), Internal (a CUDA call failed: file, line, call, error). A call that fails after
+  // enqueuing work waits for the device first: nothing writes the destination afterwards.
   static absl::StatusOr<std::unique_ptr<CudaAssembler>> Create(const CudaAssemblerOptions& options);
   ~CudaAssembler() override;
 
@@ -47,6 +60,13 @@ class CudaAssembler final : public BatchAssembler {
   bool pipelined() const override { return true; }
   absl::Status Synchronize();
   int device() const;
+  // What the programs run so far enqueued (descriptors, launches); scans whose temporary
+  // storage did not fit the scan buffer.
+  ProgramStats stats() const;
+  uint64_t scan_buffer_fallbacks() const;
+  // Tests: enqueues a kernel that keeps the assembler's stream busy for about `duration`, so
+  // that the host runs ahead of the device (staging reuse must then wait).
+  absl::Status StallForTesting(absl::Duration duration);
 
  private:
   struct Impl;

@@ -91,7 +91,11 @@ absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes) {
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
-  const cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  // cudaMemcpy from pageable memory may return once the bytes are staged, before the DMA
+  // lands, and a non-blocking stream (the assembler's) is not ordered after the legacy
+  // stream it uses: wait for that stream, so that the copy is complete when we return.
+  cudaError_t err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamLegacy);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(absl::StrCat("cudaMemcpy of ", bytes, " bytes: ", cudaGetErrorString(err)));

@@ -46,6 +46,9 @@ absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan&, absl::Span<const
 }
 absl::Status CudaAssembler::Wait(uint64_t) { return absl::UnimplementedError(kNotBuilt); }
 int CudaAssembler::device() const { return -1; }
+ProgramStats CudaAssembler::stats() const { return {}; }
+uint64_t CudaAssembler::scan_buffer_fallbacks() const { return 0; }
+absl::Status CudaAssembler::StallForTesting(absl::Duration) { return absl::UnimplementedError(kNotBuilt); }
 
 absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int) {
   if (kind != MemoryKind::kHost) {

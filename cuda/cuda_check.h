@@ -1,10 +1,9 @@
-// cuda_check.h: every CUDA runtime and cuSPARSE call checked; failures become absl::Status
+// cuda_check.h: every CUDA runtime call checked; failures become absl::Status
 // values naming the call, the error and the source file and line.
 // Include only from CUDA sources.
 #pragma once
 
 #include <cuda_runtime.h>
-#include <cusparse.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -14,11 +13,6 @@ namespace conveyor::gpu {
 inline absl::Status CudaError(cudaError_t err, const char* call, const char* file, int line) {
   return absl::InternalError(absl::StrCat(file, ":", line, ": ", call, ": ", cudaGetErrorName(err), " (",
                                           cudaGetErrorString(err), ")"));
-}
-
-inline absl::Status CusparseError(cusparseStatus_t err, const char* call, const char* file, int line) {
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", call, ": ", cusparseGetErrorName(err), " (",
-                                          cusparseGetErrorString(err), ")"));
 }
 
 // FailedPrecondition unless `device` is a usable CUDA device.
@@ -49,11 +43,4 @@ inline absl::Status CheckCudaDevice(int device) {
     const cudaError_t conveyor_cuda_err_ = cudaGetLastError();                                     \
     if (conveyor_cuda_err_ != cudaSuccess)                                                         \
       return ::conveyor::gpu::CudaError(conveyor_cuda_err_, "launch of " kernel, __FILE__, __LINE__); \
-  } while (0)
-
-#define CONVEYOR_CUSPARSE_RETURN_IF_ERROR(expr)                                              \
-  do {                                                                                       \
-    const cusparseStatus_t conveyor_sp_err_ = (expr);                                        \
-    if (conveyor_sp_err_ != CUSPARSE_STATUS_SUCCESS)                                         \
-      return ::conveyor::gpu::CusparseError(conveyor_sp_err_, #expr, __FILE__, __LINE__);    \
   } while (0)

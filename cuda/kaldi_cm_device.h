@@ -2,7 +2,9 @@
 // bit the floats Kaldi's CPU decoder gives (the arithmetic is kaldi_cm_math.h, compiled with
 // --fmad=false). The host scans the objects (kaldi_object.h); their bytes go to the device in
 // one copy through pinned memory; one block decodes a CM column (a 256-entry table in shared
-// memory, then lookups) or a band of CM2/CM3 rows.
+// memory, then lookups) or a band of CM2/CM3 rows. The kernel's body is CmDecodeKernel
+// (kernels/cm_decode_kernel.h), which the host tests run too (cm_decode_plan.h). The
+// assembler's data path decodes with DecodeOpsKernel instead (assembly_program.h).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +35,8 @@ class DeviceCmDecoder {
   // Decodes every job into device memory `device_out`; returns when done. Errors:
   // InvalidArgument (a job that is not a compressed matrix), Internal (CUDA).
   absl::Status Decode(absl::Span<const CompressedJob> jobs, float* device_out);
-  // The same into host memory (copied back), for tests and tools.
+  // The same into host memory (copied back), for tests and tools; floats no job covers are
+  // NaN (the device buffer starts as 0xFF bytes, so that a value the kernel misses shows).
   absl::Status DecodeToHost(absl::Span<const CompressedJob> jobs, float* host_out, uint64_t out_floats);
 
  private:

@@ -25,7 +25,8 @@ const char* MemoryKindName(MemoryKind kind);
 absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int device);
 void FreeMemory(MemoryKind kind, void* ptr, int device);
 // Copies between any two of host, pinned and device memory (cudaMemcpyDefault; a plain
-// memcpy without the CUDA backend). Synchronous.
+// memcpy without the CUDA backend). Synchronous: complete, on the device too, when it
+// returns, so work on any stream enqueued afterwards sees the bytes.
 absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes);
 
 struct Slot {

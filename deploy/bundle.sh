@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
-# bundle.sh BUILD_DIR OUT_DIR [--rootfs]
+# bundle.sh PREFIX OUT_DIR [--rootfs]
 #
-# Lays out conveyord, the conveyor CLI, the bundled examples and the shared libraries they
-# need under OUT_DIR, ready to be copied into a container image:
+# Lays out an installed conveyor (PREFIX: what `cmake --install build --prefix PREFIX
+# --component runtime` wrote) with the shared libraries it needs under OUT_DIR, ready to be
+# copied into a container image:
 #   OUT_DIR/opt/conveyor/bin/{conveyord,conveyor}
-#   OUT_DIR/opt/conveyor/lib/*.so*          (gRPC, protobuf, abseil, yaml-cpp, ...)
-#   OUT_DIR/opt/conveyor/share/examples/    (the default configuration and datasets)
-#   OUT_DIR/var/lib/conveyor/                   (the unix socket's directory)
+#   OUT_DIR/opt/conveyor/lib/*.so*          (libconveyor_client, gRPC, protobuf, abseil, ...)
+#   OUT_DIR/opt/conveyor/share/conveyor/examples/   (conveyord's default configuration)
+#   OUT_DIR/var/lib/conveyor/               (the unix socket's directory)
 # The C and C++ runtimes (glibc, libstdc++, libgcc_s) are left to the base image, which
 # must be at least Debian 12 / Ubuntu 22.04 (glibc 2.36). With --rootfs the bundle is a
 # whole root file system instead (every library at its own path, glibc included, plus
 # /etc/passwd for the conveyor user), for `FROM scratch` images.
 set -euo pipefail
-build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR [--rootfs]}
-out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR [--rootfs]}
+prefix=${1:?usage: bundle.sh PREFIX OUT_DIR [--rootfs]}
+out=${2:?usage: bundle.sh PREFIX OUT_DIR [--rootfs]}
 rootfs=${3:-}
-here=$(cd "$(dirname "$0")/.." && pwd)
-bins=("$build/server/conveyord" "$build/client/conveyor")
+bins=("$prefix/bin/conveyord" "$prefix/bin/conveyor")
 for b in "${bins[@]}"; do
-  [[ -x $b ]] || { echo "bundle.sh: $b is missing: build first (bash scripts/build.sh)" >&2; exit 1; }
+  [[ -x $b ]] || { echo "bundle.sh: $b is missing: install first (cmake --install build --prefix $prefix --component runtime)" >&2; exit 1; }
 done
 rm -rf "$out"
 mkdir -p "$out/opt/conveyor/bin" "$out/opt/conveyor/lib" "$out/opt/conveyor/share" "$out/var/lib/conveyor"
 cp "${bins[@]}" "$out/opt/conveyor/bin/"
 strip --strip-unneeded "$out/opt/conveyor/bin/"* 2>/dev/null || true
-cp -r "$here/examples" "$out/opt/conveyor/share/examples"
+cp -r "$prefix/share/conveyor" "$out/opt/conveyor/share/conveyor"
+cp -P "$prefix"/lib/libconveyor_client.so.* "$out/opt/conveyor/lib/" 2>/dev/null || true
 # Every shared library the binaries load, resolved by the dynamic loader of this machine.
+if missing=$(ldd "${bins[@]}" | grep "not found"); then
+  echo "bundle.sh: libraries the binaries need cannot be found here:" >&2
+  echo "$missing" >&2
+  exit 1
+fi
 libs=$(ldd "${bins[@]}" | awk '/=> \// {print $3} /^\t\/.*ld-linux/ {print $1}' | sort -u)
 for lib in $libs; do
   name=$(basename "$lib")

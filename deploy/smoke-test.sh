@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # deploy/smoke-test.sh: the container, end to end, on this machine (no registry needed).
 #
-# Builds the runtime image FROM scratch out of build/ (deploy/bundle.sh --rootfs,
-# deploy/Containerfile.scratch), runs it with podman (host network, the bundled examples
-# mounted read-only at /config), waits until the image's HEALTHCHECK (`conveyor health`
-# inside the container) passes, streams an epoch from the host with `conveyor subscribe
-# --dump` and checks it equals `conveyor dump` of the same data, then stops the container
-# with SIGTERM and checks that conveyord drained and exited 0.
+# Installs build/ (cmake --install, the runtime component) and builds the runtime image FROM
+# scratch out of that installed tree (deploy/bundle.sh --rootfs, deploy/Containerfile.scratch),
+# runs it with podman as the image is meant to run (host network, the bundled examples
+# mounted read-only at /config, TCP on every address with a token mounted as the secret
+# /run/secrets/conveyor-token), waits until the image's HEALTHCHECK (`conveyor health` inside
+# the container) passes, checks that a client without the token is refused, streams an epoch
+# from the host with the token (`conveyor subscribe --dump`) and checks it equals `conveyor
+# dump` of the same data, then stops the container with SIGTERM and checks that conveyord
+# drained and exited 0.
 #
 #   bash deploy/smoke-test.sh          (installs podman from Debian if missing; needs root)
 set -euo pipefail
@@ -38,16 +41,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "bundling $build"
-bash "$root/deploy/bundle.sh" "$build" "$work/rootfs" --rootfs >/dev/null
+say "installing $build and bundling the installed tree"
+cmake --install "$build" --prefix "$work/prefix" --component runtime >/dev/null
+bash "$root/deploy/bundle.sh" "$work/prefix" "$work/rootfs" --rootfs >/dev/null
 cp "$root/deploy/Containerfile.scratch" "$work/Containerfile"
 say "building $image"
 podman build --format docker -q -t "$image" "$work" >/dev/null
 
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-say "starting conveyord in $name on 127.0.0.1:$port"
-podman run -d --name "$name" --network host -v "$root/examples:/config:ro" "$image" 2>/dev/null \
-  /config/conveyor.yaml --listen "127.0.0.1:$port" --unix /var/lib/conveyor/conveyord.sock >/dev/null
+openssl rand -hex 32 > "$work/token"
+chmod 0644 "$work/token"  # the container's user reads it
+say "starting conveyord in $name on 0.0.0.0:$port with a token"
+podman run -d --name "$name" --network host -v "$root/examples:/config:ro" \
+  -v "$work/token:/run/secrets/conveyor-token:ro" "$image" 2>/dev/null \
+  /config/conveyor.yaml --listen "0.0.0.0:$port" --token-file /run/secrets/conveyor-token \
+  --unix /var/lib/conveyor/conveyord.sock >/dev/null
 
 healthy=
 for _ in $(seq 1 120); do
@@ -62,7 +70,12 @@ fi
 say "health check passed (conveyor health inside the container)"
 
 opts=(--dataset sparse --randomize on --seed 11 --minibatch-size 128)
-"$build/client/conveyor" subscribe "127.0.0.1:$port" "${opts[@]}" --dump > "$work/streamed.jsonl"
+if "$build/client/conveyor" subscribe "127.0.0.1:$port" "${opts[@]}" --no-reconnect > /dev/null 2> "$work/refused.txt" ||
+   ! grep -q "UNAUTHENTICATED\|Bearer" "$work/refused.txt"; then
+  say "FAILED: a client without the token was not refused: $(cat "$work/refused.txt")"; exit 1
+fi
+say "a client without the token is refused"
+"$build/client/conveyor" subscribe "127.0.0.1:$port" "${opts[@]}" --token-file "$work/token" --dump > "$work/streamed.jsonl"
 "$build/client/conveyor" dump "$root/examples/conveyor.yaml" "${opts[@]}" > "$work/local.jsonl"
 lines=$(wc -l < "$work/streamed.jsonl")
 if ! cmp -s "$work/streamed.jsonl" "$work/local.jsonl" || [[ $lines -ne 2000 ]]; then

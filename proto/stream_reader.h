@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/batch/batch_layout.h"
+#include "common/batch/batch_plan.h"
 #include "conveyor/v1/conveyor.pb.h"
 
 namespace conveyor {

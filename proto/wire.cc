@@ -31,6 +31,10 @@ v1::DType ToProto(DType t) {
       return v1::DTYPE_INT64;
     case DType::kUInt8:
       return v1::DTYPE_UINT8;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
   }
   return v1::DTYPE_FLOAT32;
 }
@@ -92,6 +96,12 @@ absl::StatusOr<ArrayDesc> ArrayFromProto(const v1::ArrayRef& a, uint64_t total, 
       break;
     case v1::DTYPE_UINT8:
       out.dtype = DType::kUInt8;
+      break;
+    case v1::DTYPE_FLOAT16:
+      out.dtype = DType::kFloat16;
+      break;
+    case v1::DTYPE_BFLOAT16:
+      out.dtype = DType::kBFloat16;
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
@@ -303,6 +313,35 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     }
   }
   return plan;
+}
+
+v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request) {
+  v1::Subscribe s;
+  s.set_dataset(dataset);
+  s.set_minibatch_size(request.minibatch_size);
+  s.set_epochs(request.epochs);
+  if (request.seed) s.set_seed(*request.seed);
+  if (request.randomize) s.set_randomize(*request.randomize);
+  if (request.epoch_size) s.set_epoch_size(*request.epoch_size);
+  if (request.rank) s.set_rank(*request.rank);
+  if (request.world) s.set_world(*request.world);
+  if (request.frame_mode) s.set_frame_mode(*request.frame_mode);
+  if (request.full_minibatches) {
+    s.set_minibatch_mode(*request.full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
+  }
+  s.set_truncation(request.truncation);
+  s.set_parallel(request.parallel);
+  s.set_resume_cursor(request.resume);
+  for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
+  for (const auto& [name, dtype] : request.value_dtypes) (*s.mutable_dtypes())[name] = ToProto(dtype);
+  if (request.distribution) {
+    s.set_distribution(*request.distribution == Distribution::kChunks ? v1::DISTRIBUTION_CHUNKS
+                                                                      : v1::DISTRIBUTION_BALANCED);
+  }
+  if (request.first_epoch) s.set_first_epoch(*request.first_epoch);
+  s.set_batch_stride(request.batch_stride);
+  s.set_batch_offset(request.batch_offset);
+  return s;
 }
 
 absl::Status ValidateBatchBytes(const BatchPlan& plan, absl::Span<const std::byte> bytes) {

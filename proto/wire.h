@@ -8,6 +8,7 @@
 #include "absl/types/span.h"
 #include "common/batch/batch_layout.h"
 #include "common/config/dataset_config.h"
+#include "common/sampling/stream_request.h"
 #include "conveyor/v1/conveyor.pb.h"
 
 namespace conveyor {
@@ -35,5 +36,9 @@ v1::DType ToProto(DType t);
 v1::Layout ToProto(OutputLayout l);
 // Errors: InvalidArgument for a value this version does not know.
 absl::StatusOr<OutputLayout> LayoutFromProto(v1::Layout l);
+
+// The Subscribe message for `request` (what the CLI's stream flags ask for) on `dataset`.
+// Credits and transport are left to the caller.
+v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request);
 
 }  // namespace conveyor

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Bundles the GPU tests and benchmark for a machine with a GPU but no apt (the device
 # machine): build/gpu-bundle/ holds conveyor_gpu_tests, gpu_bench, the Debian shared
-# libraries they need beyond CUDA and libc (abseil), and run.sh, which runs the tests, compute-sanitizer memcheck and racecheck on the GPU tests,
-# and the benchmark. The golden files are read from the repository's tests/data, which
+# libraries they need beyond CUDA and libc (abseil), and run.sh, which runs the tests (a skip
+# fails there: CONVEYOR_REQUIRE_GPU=1), compute-sanitizer memcheck and racecheck on the GPU
+# tests, the benchmark and the CUDA IPC transport end to end, and prints one summary of them
+# all (each measured figure next to its reference and target). The golden files are read from the repository's tests/data, which
 # travels with the working tree. Carry build/gpu-bundle and run `bash build/gpu-bundle/run.sh`
 # from the repository root.
 set -euo pipefail
@@ -31,21 +33,49 @@ if [[ -x build/server/conveyord && -x build/client/conveyor ]]; then
 fi
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# On the device machine: GPU tests, compute-sanitizer (memcheck, racecheck), gpu_bench.
+# On the device machine: GPU tests (a skip is a failure here: CONVEYOR_REQUIRE_GPU=1),
+# compute-sanitizer (memcheck, racecheck), gpu_bench, the CUDA IPC transport end to end;
+# then one summary of them all. Exits non-zero when anything failed.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export CONVEYOR_TESTDATA="${CONVEYOR_TESTDATA:-$here/../../tests/data}"
+export CONVEYOR_PYTHON_CLIENT="${CONVEYOR_PYTHON_CLIENT:-$here/../../client/python}"
+export CONVEYOR_REQUIRE_GPU=1
 out="${OUT:-/tmp}"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 rc=0
-"$here/conveyor_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | tail -25 || rc=1
-[[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+summary=()
+device="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | paste -sd';')"
+echo "$device"
+summary+=("device: $device")
+"$here/conveyor_gpu_tests" >"$out/gpu_tests.log" 2>&1
+tests_rc=$?
+tail -25 "$out/gpu_tests.log"
+passed="$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu_tests.log" | grep -oE '[0-9]+$' || echo 0)"
+failed="$(grep -oE '^ *[0-9]+ FAILED TESTS?' "$out/gpu_tests.log" | grep -oE '^ *[0-9]+' | tr -d ' ' || true)"
+skipped="$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?' "$out/gpu_tests.log" | grep -oE '[0-9]+' || echo 0)"
+if [[ $tests_rc == 0 ]]; then
+  summary+=("GPU tests: ${passed:-0} passed, ${skipped:-0} skipped (skips allowed: a second device, python3), 0 failed")
+else
+  summary+=("GPU tests: FAILED (${failed:-?} failed, ${passed:-0} passed; $out/gpu_tests.log)"); rc=1
+fi
+# The child halves spawned by the IPC and Python tests are left out: they are processes of their own.
+filter='*Gpu*:AssemblerEquivalence/1*:AssemblerEquivalence/2*-*ChildHalf:*PythonClient*'
 for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter='*Gpu*:AssemblerEquivalence/1*' \
-    >"$out/sanitizer_$tool.log" 2>&1 && echo "compute-sanitizer $tool: clean" || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$out/sanitizer_$tool.log"; rc=1; }
+  if compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter="$filter" \
+      >"$out/sanitizer_$tool.log" 2>&1; then
+    summary+=("compute-sanitizer $tool: clean ($(grep -oE '^\[  PASSED  \] [0-9]+ tests' "$out/sanitizer_$tool.log"))")
+  else
+    summary+=("compute-sanitizer $tool: FAILED ($out/sanitizer_$tool.log)"); rc=1
+    tail -30 "$out/sanitizer_$tool.log"
+  fi
 done
-"$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" 2>&1 | tee "$out/gpu_bench.log"
+if "$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" >"$out/gpu_bench.log" 2>&1; then
+  grep -v '^SUMMARY' "$out/gpu_bench.log"
+  while IFS= read -r line; do summary+=("${line#SUMMARY }"); done < <(grep '^SUMMARY' "$out/gpu_bench.log")
+else
+  cat "$out/gpu_bench.log"; summary+=("gpu_bench: FAILED ($out/gpu_bench.log)"); rc=1
+fi
 # CUDA IPC end to end: the daemon assembles on the GPU, the CLI opens its blocks in another
 # process. The dump must equal the local one; then throughput next to shared memory.
 if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
@@ -59,19 +89,28 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   "$here/conveyor" dump "$here/examples/conveyor.yaml" "${args[@]}" >"$out/ipc_local.txt"
   "$here/conveyor" subscribe "unix:$sock" --dump --transport cuda "${args[@]}" >"$out/ipc_cuda.txt" 2>"$out/ipc_cuda.err"
   if cmp -s "$out/ipc_local.txt" "$out/ipc_cuda.txt" && [[ -s "$out/ipc_local.txt" ]]; then
-    echo "CUDA IPC: subscribe --dump equals the local dump ($(wc -l <"$out/ipc_local.txt") lines)"
+    summary+=("CUDA IPC end to end: subscribe --dump equals the local dump ($(wc -l <"$out/ipc_local.txt") lines)")
   else
-    echo "CUDA IPC: FAILED (dump differs or errored)"; tail -5 "$out/ipc_cuda.err"; rc=1
+    summary+=("CUDA IPC end to end: FAILED (dump differs or errored; $out/ipc_cuda.err)"); rc=1
+    tail -5 "$out/ipc_cuda.err"
   fi
   for transport in cuda shm; do
     echo "bench sparse, transport $transport:"
-    "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 --credits 8
+    "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
+      --credits 8 2>&1 | tee "$out/bench_$transport.txt"
+    figure="$(grep -m1 -E 'batches/s' "$out/bench_$transport.txt" | sed 's/^ *//')"
+    [[ -n $figure ]] || rc=1
+    summary+=("conveyor bench sparse over $transport: ${figure:-FAILED ($out/bench_$transport.txt)}")
   done
   kill "$daemon"; wait "$daemon" 2>/dev/null
 else
-  echo "CUDA IPC end to end skipped: the bundled conveyord/conveyor do not start here"
+  summary+=("CUDA IPC end to end: FAILED (the bundled conveyord/conveyor do not start here)"); rc=1
   "$here/conveyor" --help 2>&1 | head -3
 fi
+echo
+echo "==== conveyor GPU summary ($(date -u +%Y-%m-%dT%H:%MZ)) ===="
+printf '  %s\n' "${summary[@]}"
+echo "==== $([[ $rc == 0 ]] && echo 'all passed' || echo 'FAILED') ===="
 exit $rc
 RUN
 chmod +x "$out/run.sh"

@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config libabsl-dev libfast-float-dev libyaml-cpp-dev
           libcli11-dev libgtest-dev libgmock-dev googletest libbenchmark-dev clang libclang-rt-14-dev
           libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc prometheus-cpp-dev
-          openssl python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml)
+          openssl python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
+          python3-venv python3-setuptools python3-wheel dpkg-dev debootstrap)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

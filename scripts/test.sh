@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Every test: install, build, run the unit and integration tests (ctest), then each libFuzzer
-# harness for a short time (clang build in build-fuzz/). Exits non-zero on any failure.
+# Every test: install, build, run the unit and integration tests (ctest; they include
+# `cmake --install` with a consumer project and a pip-installed Python package), then, in the
+# sanitized clang build (build-fuzz/), the CUDA kernels' code on the host executor under ASan
+# and UBSan and each libFuzzer harness for a short time, the Debian package in a clean root
+# and the container. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300
 scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
+# The Debian package installed into a clean Debian 12 root (debootstrap; needs root and the
+# Debian mirror); set CONVEYOR_DEB_TEST=0 to leave it out.
+if [[ ${CONVEYOR_DEB_TEST:-1} != 0 ]]; then bash deploy/deb-test.sh build; fi
 # The container, end to end with podman (installed from Debian if missing); set
 # CONVEYOR_CONTAINER_TEST=0 to leave it out.
 if [[ ${CONVEYOR_CONTAINER_TEST:-1} != 0 ]]; then bash deploy/smoke-test.sh; fi

@@ -1,29 +1,47 @@
 // conveyord: the conveyor daemon. See `conveyord --help`.
+//
+// Startup runs in two halves. The slow half (loading the configuration, checking the
+// addresses, indexing the datasets) runs on a thread of its own while the main thread waits
+// for signals, so SIGTERM stops a daemon that is still indexing (or blocked on a FIFO) at
+// once. The fast half (sockets, gRPC server) runs on the main thread, which then waits for
+// SIGTERM/SIGINT to drain.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
+#include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <cctype>
+#include <exception>
 #include <fstream>
-#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cli/command_line.h"
 #include "common/config/config_loader.h"
 #include "common/malloc_tuning.h"
 #include "common/mapped_file.h"
+#include "common/status_macros.h"
+#include "common/version.h"
 #include "cuda/cuda_backend.h"
+#include "server/listen_checks.h"
 #include "server/loader_service.h"
 #include "server/server_builder.h"
 
 namespace {
+
+using conveyor::cli::kExitFailure;
 
 std::string DefaultUnixSocket() {
   const char* runtime = std::getenv("XDG_RUNTIME_DIR");
@@ -31,196 +49,273 @@ std::string DefaultUnixSocket() {
   return absl::StrCat("/tmp/conveyord-", ::getuid(), ".sock");
 }
 
+// The bundled examples: $CONVEYOR_EXAMPLES, else beside an installed binary
+// (PREFIX/share/conveyor/examples), else the source tree this binary was built from.
 std::string ExamplesConfig() {
   if (const char* dir = std::getenv("CONVEYOR_EXAMPLES")) return absl::StrCat(dir, "/conveyor.yaml");
+  char exe[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string installed = dir + "/../share/conveyor/examples/conveyor.yaml";
+    struct stat st;
+    if (::stat(installed.c_str(), &st) == 0) return installed;
+  }
   return CONVEYOR_EXAMPLES_DIR "/conveyor.yaml";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  conveyor::TuneAllocatorForStreaming();
-  CLI::App app{
-      "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
-      "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
-      "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
-      "last cursor and UNAVAILABLE.",
-      "conveyord"};
+struct Flags {
   std::string config_path, listen, unix_path, port_file, metrics_address, tls_cert, tls_key, token_file;
-  bool no_unix = false;
-  conveyor::ServiceOptions options;
-  int index_threads = 0;
-  app.add_option("config", config_path, "Configuration file (YAML, JSON or a CNTK reader block)");
-  app.add_option("--listen", listen, "TCP address host:port (default: the config's listen, else 127.0.0.1:7070; port 0 picks one)");
-  app.add_option("--unix", unix_path, "Unix socket path (default $XDG_RUNTIME_DIR/conveyord.sock or /tmp/conveyord-UID.sock)");
-  app.add_flag("--no-unix", no_unix, "Do not listen on a unix socket");
-  app.add_option("--port-file", port_file, "Write the TCP port chosen to this file once listening");
-  int parser_threads = 0, parser_threads_per_stream = 0;
+  std::string assembler, unix_mode;
+  bool no_unix = false, insecure = false;
+  int parser_threads = 0, parser_threads_per_stream = 0, device = -1, index_threads = 0;
   size_t max_subscriptions = 0;
-  app.add_option("--parser-threads", parser_threads,
+  uint64_t inline_part_bytes = 0;
+};
+
+void AddFlags(CLI::App& app, Flags* f) {
+  app.add_option("config", f->config_path,
+                 "Configuration file (YAML, JSON or a CNTK reader block); without it, the bundled examples");
+  app.add_option("--listen", f->listen,
+                 "TCP address host:port (default: the config's listen, else 127.0.0.1:7070; port 0 picks one). "
+                 "An address other than loopback needs a token (--token-file) or --insecure");
+  app.add_option("--unix", f->unix_path, "Unix socket path (default $XDG_RUNTIME_DIR/conveyord.sock or /tmp/conveyord-UID.sock)");
+  app.add_option("--unix-mode", f->unix_mode,
+                 "Permissions of the unix socket, in octal: 0600 (default: this user) or 0660 (and its group; "
+                 "the config's server.unixSocketMode)");
+  app.add_flag("--no-unix", f->no_unix, "Do not listen on a unix socket");
+  app.add_option("--port-file", f->port_file, "Write the TCP port chosen to this file once listening");
+  app.add_option("--parser-threads", f->parser_threads,
                  "Parser threads shared by all subscriptions: bounds the daemon's parsing CPU (default: the "
                  "config's server.parserThreads, else all cores)")
       ->check(CLI::Range(1, 1024));
-  std::string assembler;
-  app.add_option("--assembler", assembler,
+  app.add_option("--assembler", f->assembler,
                  "Who assembles batches: cpu (default; or the config's server.assembler) or cuda (GPU kernels, "
                  "bit-identical batches; without a usable device the CPU serves and the startup line says why). "
                  "TRANSPORT_CUDA_IPC subscriptions always assemble on the GPU")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  int device = -1;
-  app.add_option("--device", device,
+  app.add_option("--device", f->device,
                  "CUDA device for --assembler cuda and the default for CUDA IPC subscriptions (default: the "
                  "config's server.cudaDevice, else 0)")
       ->check(CLI::Range(0, 1023));
-  app.add_option("--parser-threads-per-stream", parser_threads_per_stream,
+  app.add_option("--parser-threads-per-stream", f->parser_threads_per_stream,
                  "Chunks one subscription may parse at once (default: server.parserThreadsPerStream, else 2)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--max-subscriptions", max_subscriptions,
+  app.add_option("--max-subscriptions", f->max_subscriptions,
                  "Concurrent Stream calls allowed (default: server.maxSubscriptions, else 256)")
       ->check(CLI::Range(size_t{1}, size_t{65536}));
-  app.add_option("--inline-part-bytes", options.inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
+  app.add_option("--inline-part-bytes", f->inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
       ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
-  app.add_option("--tls-cert", tls_cert, "PEM certificate chain for TLS on TCP (default: the config's tls.cert)");
-  app.add_option("--tls-key", tls_key, "PEM private key for TLS on TCP (default: the config's tls.key)");
-  app.add_option("--token-file", token_file,
+  app.add_option("--tls-cert", f->tls_cert, "PEM certificate chain for TLS on TCP (default: the config's tls.cert)");
+  app.add_option("--tls-key", f->tls_key, "PEM private key for TLS on TCP (default: the config's tls.key)");
+  app.add_option("--token-file", f->token_file,
                  "File holding the bearer token TCP clients must send (default: the config's tokenFile); "
-                 "the unix socket is guarded by its 0600 permissions instead");
-  app.add_option("--metrics", metrics_address, "Serve Prometheus metrics at http://ADDR/metrics (host:port)");
-  app.add_option("--index-threads", index_threads, "Threads for indexing at startup (default: all cores)");
-  CLI11_PARSE(app, argc, argv);
+                 "the unix socket is guarded by its permissions instead");
+  app.add_flag("--insecure", f->insecure,
+               "Allow TCP on a non-loopback address without a token (config: insecure: true): anyone who reaches "
+               "the port can read every dataset");
+  app.add_option("--metrics", f->metrics_address, "Serve Prometheus metrics at http://ADDR/metrics (host:port)");
+  app.add_option("--index-threads", f->index_threads, "Threads for indexing at startup (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+}
 
-  // Signals are taken by sigwait in main; every thread inherits the block.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  if (config_path.empty()) config_path = ExamplesConfig();
-  auto config = conveyor::LoadConfigFile(config_path);
-  if (!config.ok()) {
-    std::fprintf(stderr, "conveyord: %s\n", std::string(config->source.empty() ? config.status().message() : config.status().message()).c_str());
-    return 1;
+// Removes the reflection plugin from a server.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return p->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
   }
-  for (const auto& w : config->warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+};
+
+// What the slow half of startup produces for the fast half.
+struct Prepared {
+  std::unique_ptr<conveyor::DatasetRegistry> registry;
+  conveyor::ServiceOptions options;
+  std::string note;  // which assembler serves, and why
+  std::string listen, unix_path, metrics_address, port_file;
+  unsigned unix_mode = 0600;
+  bool no_unix = false;
+  std::string tls_cert_pem, tls_key_pem;
+  bool tls = false;
+};
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+  auto contents = conveyor::ReadFileToString(path);
+  if (!contents.ok()) return absl::FailedPreconditionError(absl::StrCat("cannot read the ", what, ": ", contents.status().message()));
+  return *contents;
+}
+
+absl::StatusOr<unsigned> ParseUnixMode(const std::string& text) {
+  unsigned mode = 0;
+  bool ok = !text.empty() && text.size() <= 4;
+  for (char c : text) {
+    ok = ok && c >= '0' && c <= '7';
+    if (ok) mode = mode * 8 + static_cast<unsigned>(c - '0');
+  }
+  if (!ok || (mode & ~0660u) != 0 || (mode & 0600u) != 0600u) {
+    return absl::InvalidArgumentError(absl::StrCat("--unix-mode ", text, ": expected 0600 or 0660 (the owner reads "
+                                                   "and writes; the group may; others never)"));
+  }
+  return mode;
+}
+
+// The slow half: configuration, address checks, assembler, indexing. Runs on its own thread.
+absl::StatusOr<Prepared> Prepare(Flags f) {
+  Prepared p;
+  if (f.config_path.empty()) f.config_path = ExamplesConfig();
+  ASSIGN_OR_RETURN(conveyor::Config config, conveyor::LoadConfigFile(f.config_path));
+  for (const auto& w : config.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+  conveyor::ServiceOptions& options = p.options;
   // Flags override the config's server block, which overrides the defaults.
-  if (parser_threads == 0) parser_threads = config->server.parser_threads;
-  if (parser_threads > 0) options.parser_threads = parser_threads;
-  if (parser_threads_per_stream == 0) parser_threads_per_stream = config->server.parser_threads_per_stream;
-  if (parser_threads_per_stream > 0) options.parser_threads_per_stream = parser_threads_per_stream;
-  if (max_subscriptions == 0) max_subscriptions = config->server.max_subscriptions;
-  if (max_subscriptions > 0) options.max_subscriptions = max_subscriptions;
-  if (config->server.staging_bytes > 0) options.staging_bytes = config->server.staging_bytes;
-  if (config->server.min_slot_bytes > 0) options.min_slot_bytes = config->server.min_slot_bytes;
-  if (config->server.slot_headroom > 0) options.slot_headroom = config->server.slot_headroom;
+  if (f.parser_threads == 0) f.parser_threads = config.server.parser_threads;
+  if (f.parser_threads > 0) options.parser_threads = f.parser_threads;
+  if (f.parser_threads_per_stream == 0) f.parser_threads_per_stream = config.server.parser_threads_per_stream;
+  if (f.parser_threads_per_stream > 0) options.parser_threads_per_stream = f.parser_threads_per_stream;
+  if (f.max_subscriptions == 0) f.max_subscriptions = config.server.max_subscriptions;
+  if (f.max_subscriptions > 0) options.max_subscriptions = f.max_subscriptions;
+  if (f.inline_part_bytes > 0) options.inline_part_bytes = f.inline_part_bytes;
+  if (config.server.staging_bytes > 0) options.staging_bytes = config.server.staging_bytes;
+  if (config.server.min_slot_bytes > 0) options.min_slot_bytes = config.server.min_slot_bytes;
+  if (config.server.slot_headroom > 0) options.slot_headroom = config.server.slot_headroom;
+  conveyor::ApplyMemoryBudgets(config.server, &options);
+
+  // Addresses first: a daemon that cannot serve should say so before indexing for minutes.
+  p.listen = !f.listen.empty() ? f.listen : (config.listen.empty() ? "127.0.0.1:7070" : config.listen);
+  p.no_unix = f.no_unix;
+  p.unix_path = f.unix_path.empty() ? DefaultUnixSocket() : f.unix_path;
+  if (!f.unix_mode.empty()) {
+    ASSIGN_OR_RETURN(p.unix_mode, ParseUnixMode(f.unix_mode));
+  } else if (config.server.unix_socket_mode >= 0) {
+    p.unix_mode = static_cast<unsigned>(config.server.unix_socket_mode);
+  }
+  const std::string token_file = !f.token_file.empty() ? f.token_file : config.token_file;
+  if (!token_file.empty()) {
+    ASSIGN_OR_RETURN(options.token, ReadSecretFile(token_file, "token file"));
+    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) options.token.pop_back();
+    if (options.token.empty()) return absl::FailedPreconditionError(absl::StrCat("the token file ", token_file, " is empty"));
+  }
+  RETURN_IF_ERROR(conveyor::CheckTcpAddressFree(p.listen));  // also: is it an address at all
+  const bool insecure = f.insecure || config.insecure;
+  if (options.token.empty() && !insecure && !conveyor::IsLoopbackListenAddress(p.listen)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to serve ", p.listen, " without a token: anyone who reaches that address could read every dataset. "
+        "Give a token (--token-file FILE, or tokenFile: in the config; clients send it as 'authorization: Bearer "
+        "TOKEN'), or listen on loopback (--listen 127.0.0.1:PORT), or accept the risk with --insecure (insecure: true)"));
+  }
+  const std::string tls_cert = !f.tls_cert.empty() ? f.tls_cert : config.tls_cert;
+  const std::string tls_key = !f.tls_key.empty() ? f.tls_key : config.tls_key;
+  if (!tls_cert.empty() || !tls_key.empty()) {
+    if (tls_cert.empty() || tls_key.empty()) return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    ASSIGN_OR_RETURN(p.tls_cert_pem, ReadSecretFile(tls_cert, "TLS certificate"));
+    ASSIGN_OR_RETURN(p.tls_key_pem, ReadSecretFile(tls_key, "TLS key"));
+    p.tls = true;
+  } else if (!options.token.empty()) {
+    std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
+  }
+  if (!p.no_unix) {
+    RETURN_IF_ERROR(conveyor::PrepareUnixSocketPath(p.unix_path));
+    RETURN_IF_ERROR(conveyor::PrepareUnixSocketPath(p.unix_path + ".fd"));
+  }
+  p.metrics_address = f.metrics_address;
+  p.port_file = f.port_file;
+
   // Decided once: without a usable device every subscription gets the CPU assembler, and the
   // startup line says why. With the CUDA assembler, Kaldi compressed matrices are decoded on
   // the device: the parser threads leave them compressed.
-  std::string note;
-  if (assembler.empty()) assembler = config->server.assembler.empty() ? "cpu" : config->server.assembler;
-  if (device < 0) device = config->server.cuda_device;
-  if (device >= 0) options.cuda_device = device;
+  std::string assembler = f.assembler;
+  if (assembler.empty()) assembler = config.server.assembler.empty() ? "cpu" : config.server.assembler;
+  if (f.device < 0) f.device = config.server.cuda_device;
+  if (f.device >= 0) options.cuda_device = f.device;
   options.cuda_assembler = assembler == "cuda";
-  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &note);
-  if (note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
-  if (options.cuda_assembler) note += "; Kaldi compressed matrices decoded on the device";
-  auto registry = conveyor::DatasetRegistry::Open(*config, index_threads, options.cuda_assembler);
-  if (!registry.ok()) {
-    std::fprintf(stderr, "conveyord: %s\n", std::string(registry.status().message()).c_str());
-    return 1;
-  }
-  const std::vector<std::string> names = (*registry)->Names();
-  if (listen.empty()) listen = config->listen.empty() ? "127.0.0.1:7070" : config->listen;
-  if (unix_path.empty()) unix_path = DefaultUnixSocket();
+  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &p.note);
+  if (p.note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
+  if (options.cuda_assembler) p.note += "; Kaldi compressed matrices decoded on the device";
+  ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, options.cuda_assembler));
+  return p;
+}
 
+// The fast half and the life of the server. Returns the exit status.
+int Serve(Prepared p, const sigset_t& signals) {
+  conveyor::ServiceOptions options = p.options;
   // Same-host clients fetch shared-memory segments from <unix socket>.fd.
   std::unique_ptr<conveyor::FdServer> fd_server;
-  if (!no_unix) {
-    auto fds = conveyor::FdServer::Start(unix_path + ".fd");
+  if (!p.no_unix) {
+    auto fds = conveyor::FdServer::Start(p.unix_path + ".fd", p.unix_mode);
     if (!fds.ok()) {
       std::fprintf(stderr, "conveyord: %s\n", std::string(fds.status().message()).c_str());
-      return 1;
+      return kExitFailure;
     }
     fd_server = std::move(*fds);
     options.fd_server = fd_server.get();
   }
   conveyor::Metrics metrics;
   options.metrics = &metrics;
-  if (!metrics_address.empty()) {
-    const int mport = metrics.Serve(metrics_address);
+  if (!p.metrics_address.empty()) {
+    const int mport = metrics.Serve(p.metrics_address);
     if (mport == 0) {
-      std::fprintf(stderr, "conveyord: cannot serve metrics on %s\n", metrics_address.c_str());
-      return 1;
+      std::fprintf(stderr, "conveyord: cannot serve metrics on %s (in use, or not host:port)\n", p.metrics_address.c_str());
+      return kExitFailure;
     }
     std::fprintf(stderr, "conveyord: metrics on http://%s:%d/metrics\n",
-                 metrics_address.substr(0, metrics_address.rfind(':')).c_str(), mport);
+                 p.metrics_address.substr(0, p.metrics_address.rfind(':')).c_str(), mport);
   }
-  if (tls_cert.empty()) tls_cert = config->tls_cert;
-  if (tls_key.empty()) tls_key = config->tls_key;
-  if (token_file.empty()) token_file = config->token_file;
-  auto read_file = [](const std::string& path, std::string* out) {
-    auto contents = conveyor::ReadFileToString(path);
-    if (contents.ok()) *out = std::move(*contents);
-    return contents.ok();
-  };
   std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
-  if (!tls_cert.empty() || !tls_key.empty()) {
+  if (p.tls) {
     grpc::SslServerCredentialsOptions ssl;
-    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-    if (!read_file(tls_cert, &pair.cert_chain) || !read_file(tls_key, &pair.private_key)) {
-      std::fprintf(stderr, "conveyord: cannot read the TLS certificate %s or key %s\n", tls_cert.c_str(), tls_key.c_str());
-      return 1;
-    }
-    ssl.pem_key_cert_pairs.push_back(pair);
+    ssl.pem_key_cert_pairs.push_back({p.tls_key_pem, p.tls_cert_pem});
     tcp_creds = grpc::SslServerCredentials(ssl);
   }
-  if (!token_file.empty()) {
-    if (!read_file(token_file, &options.token)) {
-      std::fprintf(stderr, "conveyord: cannot read the token file %s\n", token_file.c_str());
-      return 1;
-    }
-    while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) options.token.pop_back();
-    if (options.token.empty()) {
-      std::fprintf(stderr, "conveyord: the token file %s is empty\n", token_file.c_str());
-      return 1;
-    }
-    if (tls_cert.empty()) std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
-  }
-  conveyor::ApplyMemoryBudgets(config->server, &options);
-  conveyor::LoaderService service(std::move(*registry), options);
+  const std::vector<std::string> names = p.registry->Names();
+  const bool token = !options.token.empty();
+  conveyor::LoaderService service(std::move(p.registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Reflection cannot check the token: it answers only where every call is allowed. (Linking
+  // the plugin registers it for every builder; this option takes it out again.)
+  if (token) builder.SetOption(std::make_unique<WithoutReflection>());
+  // gRPC binds with SO_REUSEPORT by default: a second daemon would share the port with a
+  // live one and take half its connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
-  builder.AddListeningPort(listen, tcp_creds, &port);
-  if (!no_unix) {
-    struct stat st;
-    if (::lstat(unix_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(unix_path.c_str());  // stale
-    builder.AddListeningPort("unix:" + unix_path, grpc::InsecureServerCredentials());
-  }
+  builder.AddListeningPort(p.listen, tcp_creds, &port);
+  if (!p.no_unix) builder.AddListeningPort("unix:" + p.unix_path, grpc::InsecureServerCredentials());
   conveyor::ConfigureServerBuilder(&builder, options);
   builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
   builder.RegisterService(&service);
+  // The socket has its mode from the moment it exists: no window in which others connect.
+  const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(p.unix_mode));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(old_umask);
   if (!server || port == 0) {
-    std::fprintf(stderr, "conveyord: cannot listen on %s%s\n", listen.c_str(),
-                 no_unix ? "" : (" or unix:" + unix_path).c_str());
-    return 1;
+    std::fprintf(stderr, "conveyord: cannot listen on %s%s\n", p.listen.c_str(),
+                 p.no_unix ? "" : (" or unix:" + p.unix_path).c_str());
+    return kExitFailure;
   }
-  if (!no_unix) ::chmod(unix_path.c_str(), 0600);  // same-host clients of this user only
-  const std::string host = listen.substr(0, listen.rfind(':'));
-  std::fprintf(stderr, "conveyord: serving %s on %s:%d%s; %s\n", absl::StrJoin(names, ", ").c_str(), host.c_str(), port,
-               no_unix ? "" : (" and unix:" + unix_path).c_str(), note.c_str());
-  if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << port << "\n";
-    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  if (!p.no_unix) ::chmod(p.unix_path.c_str(), p.unix_mode);
+  const std::string host = p.listen.substr(0, p.listen.rfind(':'));
+  std::fprintf(stderr, "conveyord %s: serving %s on %s:%d%s%s; %s\n", CONVEYOR_VERSION, absl::StrJoin(names, ", ").c_str(),
+               host.c_str(), port, p.no_unix ? "" : (" and unix:" + p.unix_path).c_str(),
+               token ? " (token required on TCP; reflection off)" : "", p.note.c_str());
+  if (!p.port_file.empty()) {
+    std::ofstream(p.port_file + ".tmp") << port << "\n";
+    if (std::rename((p.port_file + ".tmp").c_str(), p.port_file.c_str()) != 0) {
+      std::fprintf(stderr, "WARNING: cannot write the port file %s\n", p.port_file.c_str());
+    }
   }
   int sig = 0;
-  while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
-    std::fprintf(stderr,
-                 "conveyord: SIGHUP: reloading the configuration is not supported; restart the daemon "
-                 "instead (subscribers resume from their cursors)\n");
+  while (sigwait(&signals, &sig) == 0 && (sig == SIGHUP || sig == SIGUSR1)) {
+    if (sig == SIGHUP) {
+      std::fprintf(stderr,
+                   "conveyord: SIGHUP: reloading the configuration is not supported; restart the daemon "
+                   "instead (subscribers resume from their cursors)\n");
+    }
   }
   // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
@@ -229,7 +324,75 @@ int main(int argc, char** argv) {
   service.Drain();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
-  if (!no_unix) ::unlink(unix_path.c_str());
+  if (!p.no_unix) ::unlink(p.unix_path.c_str());
   std::fprintf(stderr, "conveyord: stopped\n");
   return 0;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{
+      "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
+      "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
+      "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
+      "last cursor and UNAVAILABLE (while still indexing, it stops at once).\n"
+      "Exit status: 0 after a drain, 1 when it cannot start (the message says why), 2 a usage error.\n"
+      "Examples:\n"
+      "  conveyord my.yaml --listen 127.0.0.1:7070\n"
+      "  conveyord my.yaml --listen 0.0.0.0:7070 --token-file /etc/conveyor/token --metrics 0.0.0.0:9090",
+      "conveyord"};
+  app.set_version_flag("--version", std::string("conveyord ") + CONVEYOR_VERSION +
+                                        (conveyor::CudaBuilt() ? " (CUDA assembler built in)" : " (built without CUDA)"));
+  Flags flags;
+  AddFlags(app, &flags);
+  if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;
+
+  // Signals are taken by sigwait in main; every thread inherits the block. SIGUSR1 is the
+  // startup thread saying it is done.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const pthread_t main_thread = pthread_self();
+  absl::StatusOr<Prepared> prepared = absl::UnknownError("startup did not finish");
+  std::thread startup([&] {
+    try {
+      prepared = Prepare(flags);
+    } catch (const std::exception& e) {
+      prepared = absl::InternalError(absl::StrCat("internal error: ", e.what()));
+    }
+    pthread_kill(main_thread, SIGUSR1);
+  });
+  int sig = 0;
+  while (sigwait(&signals, &sig) == 0 && sig != SIGUSR1) {
+    if (sig == SIGHUP) continue;
+    // The startup thread may be blocked (a FIFO, a slow disk): leave without waiting for it.
+    std::fprintf(stderr, "conveyord: %s while starting (loading and indexing): stopped\n",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
+  startup.join();
+  if (!prepared.ok()) {
+    std::fprintf(stderr, "conveyord: %s\n", std::string(prepared.status().message()).c_str());
+    return kExitFailure;
+  }
+  return Serve(std::move(*prepared), signals);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  conveyor::TuneAllocatorForStreaming();
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    // Errors are statuses; this is the last guard against a library that throws, so that no
+    // input ends the daemon by a signal (and systemd does not restart it in a loop).
+    std::fprintf(stderr, "conveyord: internal error: %s\n", e.what());
+    return kExitFailure;
+  }
 }

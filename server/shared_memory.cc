@@ -73,7 +73,7 @@ absl::StatusOr<std::string> RandomToken() {
   return token;
 }
 
-absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path) {
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, unsigned mode) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat(path, ": socket path too long"));
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(path.c_str());
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const mode_t old = ::umask(077);  // 0600 from the start: no window for other users
+  const mode_t old = ::umask(0777 & ~static_cast<mode_t>(mode));  // from the start: no window for others
   const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (rc != 0 || ::listen(fd, 64) != 0) {

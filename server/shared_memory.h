@@ -50,8 +50,9 @@ absl::StatusOr<std::string> RandomToken();
 
 class FdServer {
  public:
-  // Listens on `path` (0600; a stale socket there is replaced). Errors: the bind failure.
-  static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path);
+  // Listens on `path` with permissions `mode` (0600: this user; 0660: and its group) from
+  // the moment it exists; a stale socket there is replaced. Errors: the bind failure.
+  static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, unsigned mode = 0600);
   ~FdServer();
   const std::string& path() const { return path_; }
   // Makes `segment` fetchable with the returned 16-byte token until Forget(token).

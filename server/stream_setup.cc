@@ -1,6 +1,7 @@
 #include "server/stream_setup.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
@@ -84,6 +85,33 @@ absl::StatusOr<StreamRequest> ToRequest(const v1::Subscribe& s, const ServiceOpt
   r.parallel = s.parallel();
   r.resume = s.resume_cursor();
   r.threads = o.parser_threads_per_stream;
+  switch (s.distribution()) {
+    case v1::DISTRIBUTION_DEFAULT:
+      break;
+    case v1::DISTRIBUTION_BALANCED:
+      r.distribution = Distribution::kBalanced;
+      break;
+    case v1::DISTRIBUTION_CHUNKS:
+      r.distribution = Distribution::kChunks;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown distribution ", static_cast<int>(s.distribution())));
+  }
+  if (s.has_first_epoch()) r.first_epoch = s.first_epoch();
+  r.batch_stride = std::max<uint32_t>(1, s.batch_stride());
+  r.batch_offset = s.batch_offset();
+  if (s.dtypes_size() > kMaxLayouts) return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxLayouts, " dtypes"));
+  for (const auto& [name, dtype] : s.dtypes()) {
+    if (dtype == v1::DTYPE_FLOAT16) {
+      r.value_dtypes[name] = DType::kFloat16;
+    } else if (dtype == v1::DTYPE_BFLOAT16) {
+      r.value_dtypes[name] = DType::kBFloat16;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("dtypes['", name.substr(0, 64),
+                                                     "']: a stream's values may be asked as DTYPE_FLOAT16 or "
+                                                     "DTYPE_BFLOAT16 only"));
+    }
+  }
   return r;
 }
 
@@ -120,6 +148,7 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
   if (!resolved.ok()) return resolved.status();
   out.resolved = std::move(*resolved);
   out.resolved.loader.pool = env.pool;
+  for (const std::string& w : out.resolved.warnings) std::fprintf(stderr, "WARNING: subscription: %s\n", w.c_str());
   const uint64_t pieces = MaxPieces(out.resolved.loader.planner, out.dataset->index());
   if (static_cast<unsigned __int128>(pieces) * kPieceBookkeepingBytes > o.subscription_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/progress.h"
+#include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
 #include "cuda/cuda_backend.h"
 
@@ -54,6 +55,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& c
   return ds;
 }
 
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  AppendJsonStringBody(s, &out);
+  return out;
+}
+
 absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value) {
   const std::string v = absl::AsciiStrToLower(value);
   if (v == "on" || v == "true" || v == "yes" || v == "1") return true;
@@ -93,10 +100,23 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
     else return absl::InvalidArgumentError(absl::StrCat("--layout expects STREAM=csc|csr|dense, got '", l, "'"));
     r.layouts[l.substr(0, eq)] = layout;
   }
+  for (const std::string& d : dtypes) {
+    const size_t eq = d.find('=');
+    const std::string kind = eq == std::string::npos ? "" : absl::AsciiStrToLower(d.substr(eq + 1));
+    if (kind == "float16") r.value_dtypes[d.substr(0, eq)] = DType::kFloat16;
+    else if (kind == "bfloat16") r.value_dtypes[d.substr(0, eq)] = DType::kBFloat16;
+    else return absl::InvalidArgumentError(absl::StrCat("--dtype expects STREAM=float16|bfloat16, got '", d, "'"));
+  }
+  if (distribution == "balanced") r.distribution = Distribution::kBalanced;
+  else if (distribution == "chunks") r.distribution = Distribution::kChunks;
+  else if (!distribution.empty()) return absl::InvalidArgumentError("--distribution expects balanced or chunks");
+  r.first_epoch = first_epoch;
+  r.batch_stride = batch_stride;
+  r.batch_offset = batch_offset;
   return r;
 }
 
-void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
+void AddStreamOptions(CLI::App* cmd, StreamArgs* a, bool in_process) {
   cmd->add_option("--randomize", a->randomize,
                   "on|off: block randomization (default: the dataset's randomize, true in CNTK)");
   cmd->add_option("--seed", a->seed, "Randomization seed (default: randomizationSeed); sweep k uses seed + k");
@@ -127,13 +147,30 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a) {
   cmd->add_option("--layout", a->layouts,
                   "STREAM=csc|csr|dense: deliver a sparse stream as CSC (its native layout), CSR or a dense "
                   "array (repeat for several streams)");
+  cmd->add_option("--dtype", a->dtypes,
+                  "STREAM=float16|bfloat16: deliver a stream's values narrowed, rounded to nearest even from "
+                  "float32 (repeatable; float datasets)");
+  cmd->add_option("--distribution", a->distribution,
+                  "balanced (every rank's share of a minibatch within one sequence of minibatch/world) or chunks "
+                  "(CNTK's: by randomized chunk, a rank parses only its chunks); default: the dataset's")
+      ->check(CLI::IsMember({"balanced", "chunks"}));
+  cmd->add_option("--first-epoch", a->first_epoch, "Start at the first minibatch of this epoch (below --epochs)");
+  cmd->add_option("--batch-stride", a->batch_stride,
+                  "Deliver every N-th minibatch of the stream (with --batch-offset): how DataLoader workers share it")
+      ->check(CLI::Range(1u, kMaxBatchStride));
+  cmd->add_option("--batch-offset", a->batch_offset, "Which of every --batch-stride minibatches (default 0)");
+  const std::string group = in_process ? "Options" : "";  // "": hidden from --help
   cmd->add_option("--threads", a->threads, "Parser threads (default 1; the output is the same for any value)")
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(1, 256))
+      ->group(group);
   cmd->add_option("--assembler", a->assembler,
                   "Who assembles batches: cpu (default) or cuda (GPU kernels; identical bytes; without a usable "
                   "device the CPU serves and one line on stderr says why)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--device", a->device, "CUDA device for --assembler cuda (default 0)")->check(CLI::Range(0, 1023));
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->group(group);
+  cmd->add_option("--device", a->device, "CUDA device for --assembler cuda (default 0)")
+      ->check(CLI::Range(0, 1023))
+      ->group(group);
 }
 
 absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const std::string& dataset,
@@ -158,6 +195,7 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   auto resolved = ResolveStream(*s.dataset, s.request);
   if (!resolved.ok()) return resolved.status();
   s.resolved = std::move(*resolved);
+  for (const std::string& w : s.resolved.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
   auto loader = Loader::Create(s.dataset.get(), s.assembler.get(), s.resolved.loader);
   if (!loader.ok()) return loader.status();
   s.loader = std::move(*loader);

@@ -33,6 +33,9 @@ absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::str
 absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads,
                                                           bool compressed_in_place = false);
 
+// `s` as the body of a JSON string (quotes not included), escaped as dumps escape.
+std::string JsonEscape(const std::string& s);
+
 // Parses "on"/"off" (also true/false, yes/no, 1/0).
 absl::StatusOr<bool> ParseOnOff(const std::string& flag, const std::string& value);
 
@@ -50,11 +53,18 @@ struct StreamArgs {
   std::string resume;
   int threads = 1;
   std::vector<std::string> layouts;  // NAME=csc|csr|dense
+  std::vector<std::string> dtypes;   // NAME=float16|bfloat16
+  std::string distribution;          // balanced|chunks|"" (the dataset's)
+  std::optional<uint64_t> first_epoch;
+  uint32_t batch_stride = 1, batch_offset = 0;
   std::string assembler = "cpu";     // cpu | cuda (falls back to cpu, saying why)
   int device = 0;
   absl::StatusOr<StreamRequest> ToRequest() const;
 };
-void AddStreamOptions(CLI::App* cmd, StreamArgs* args);
+// `in_process`: the command reads the dataset itself (dump, bench); otherwise (subscribe)
+// --threads, --assembler and --device are accepted but hidden from --help, so that the
+// command can refuse them by name.
+void AddStreamOptions(CLI::App* cmd, StreamArgs* args, bool in_process = true);
 
 // A dataset opened for reading one stream: what dump and bench run.
 struct OpenedStream {

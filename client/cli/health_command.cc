@@ -31,8 +31,16 @@ const char* StatusName(grpc::health::v1::HealthCheckResponse::ServingStatus s) {
   }
 }
 
+// A bare socket path ("/run/conveyor/conveyord.sock", "./d.sock") means that unix socket;
+// gRPC would take it for a host name.
+std::string TargetOf(const std::string& address) {
+  if (!address.empty() && (address[0] == '/' || address.rfind("./", 0) == 0 || address.rfind("../", 0) == 0))
+    return "unix:" + address;
+  return address;
+}
+
 int RunHealth(const HealthArgs& args) {
-  auto channel = grpc::CreateChannel(args.address, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(TargetOf(args.address), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
@@ -61,7 +69,7 @@ void RegisterHealth(CLI::App& app, int* exit_code) {
       "Ask a daemon whether it serves (the gRPC health protocol, grpc.health.v1): prints SERVING and "
       "exits 0, or exits 1 when it is draining, starting or unreachable. Plaintext only: point it at "
       "the unix socket or a TCP port without TLS (the health service needs no token).");
-  cmd->add_option("address", args->address, "Daemon address: host:port or unix:/path")->required();
+  cmd->add_option("address", args->address, "Daemon address: host:port, unix:/path or a socket's path")->required();
   cmd->add_option("--timeout", args->timeout, "Seconds to wait for the answer (default 3)")->check(CLI::Range(0.05, 600.0));
   cmd->add_flag("--quiet", args->quiet, "Print nothing; only the exit status tells");
   cmd->callback([args, exit_code] { *exit_code = RunHealth(*args); });

@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/cli/commands.h"
 #include "client/cli/common_options.h"
 
@@ -12,7 +14,22 @@ struct IndexArgs {
   std::string config;
   std::string dataset;
   int threads = 0;
+  bool json = false;
 };
+
+const char* SourceKey(IndexSource s) {
+  switch (s) {
+    case IndexSource::kBuilt:
+      return "built";
+    case IndexSource::kCache:
+      return "cache";
+    case IndexSource::kRebuiltStaleCache:
+      return "rebuilt_stale_cache";
+    case IndexSource::kRebuiltBadCache:
+      return "rebuilt_bad_cache";
+  }
+  return "?";
+}
 
 const char* SourceText(IndexSource s) {
   switch (s) {
@@ -37,12 +54,22 @@ int RunIndex(const IndexArgs& args) {
     if (!d.ok()) return Fail(d.status());
     targets = {*d};
   }
+  std::string json = "[";
   for (const DatasetConfig& dc : targets) {
     const auto t0 = std::chrono::steady_clock::now();
     auto ds = OpenWithProgress(dc, args.threads);
     if (!ds.ok()) return Fail(ds.status());
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const Index& index = (*ds)->index();
+    if (args.json) {
+      absl::StrAppend(&json, json.size() > 1 ? "," : "", "{\"dataset\":\"", JsonEscape(dc.name), "\",\"file\":\"",
+                      JsonEscape((*ds)->path()), "\",\"bytes\":", (*ds)->file_bytes(),
+                      ",\"sequences\":", index.sequences.size(), ",\"samples\":", index.total_samples,
+                      ",\"chunks\":", index.chunks.size(), ",\"index\":\"", SourceKey((*ds)->index_source()),
+                      "\",\"seconds\":", absl::StrFormat("%.6f", secs), ",\"input_errors\":", index.errors.count,
+                      ",\"cache\":\"", dc.cache_index ? JsonEscape((*ds)->index_cache_path()) : "", "\"}");
+      continue;
+    }
     std::printf("%s: %s: %zu sequences, %llu samples, %zu chunks; index %s in %.3f s (%.0f MB/s)\n",
                 dc.name.c_str(), (*ds)->path().c_str(), index.sequences.size(),
                 static_cast<unsigned long long>(index.total_samples), index.chunks.size(),
@@ -51,6 +78,7 @@ int RunIndex(const IndexArgs& args) {
     if (index.errors.count > 0)
       std::printf("  %llu blank rows (input errors)\n", static_cast<unsigned long long>(index.errors.count));
   }
+  if (args.json) std::printf("%s]\n", json.c_str());
   return 0;
 }
 
@@ -66,7 +94,8 @@ void RegisterIndex(CLI::App& app, int* exit_code) {
       "configuration stay the same.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
   cmd->add_option("--dataset", args->dataset, "Only this dataset");
-  cmd->add_option("--threads", args->threads, "Indexing threads (default: all cores)");
+  cmd->add_option("--threads", args->threads, "Indexing threads (default: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_flag("--json", args->json, "Print one JSON array (one object per dataset) instead of text");
   cmd->callback([args, exit_code] { *exit_code = RunIndex(*args); });
 }
 

@@ -13,12 +13,6 @@
 namespace conveyor::cli {
 namespace {
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  AppendJsonStringBody(s, &out);
-  return out;
-}
-
 
 struct InspectArgs {
   std::string config;
@@ -44,6 +38,7 @@ int RunInspect(const InspectArgs& args) {
   }
   const int threads = args.threads > 0 ? args.threads : 2;
   std::string json = "[";
+  uint64_t total_errors = 0;
   for (const DatasetConfig& dc : targets) {
     DatasetOpenOptions options;
     options.index_threads = threads;
@@ -83,6 +78,7 @@ int RunInspect(const InspectArgs& args) {
     }
     (*ds)->diagnostics().Flush();
     const uint64_t errors = (*ds)->errors();
+    total_errors += errors;
     const DeserializerConfig& d = dc.deserializers[0];
     if (args.json) {
       if (json.size() > 1) json += ",";
@@ -169,6 +165,11 @@ int RunInspect(const InspectArgs& args) {
     }
   }
   if (args.json) std::printf("%s]\n", json.c_str());
+  if (total_errors > 0) {
+    // A script (or CI over a dataset) learns of bad data from the status, not by parsing text.
+    std::fprintf(stderr, "conveyor inspect: %llu input error(s) found\n", static_cast<unsigned long long>(total_errors));
+    return 1;
+  }
   return 0;
 }
 
@@ -180,7 +181,7 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
       "inspect",
       "Show a dataset's streams (name, alias, format, dim), its chunks, sequences and samples, "
       "and every input error found, after a full parse. Inspect never stops at an error: it "
-      "counts them all and says what maxErrors would do.");
+      "counts them all and says what maxErrors would do. Exit status 1 when it found any.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to inspect (default: all of them)");
   cmd->add_option("--threads", args->threads, "Threads for indexing and parsing (default 2)");

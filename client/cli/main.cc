@@ -1,8 +1,13 @@
 // conveyor: the command-line client. See `conveyor --help`.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
 
 #include "client/cli/commands.h"
+#include "common/cli/command_line.h"
 #include "common/malloc_tuning.h"
+#include "common/version.h"
+#include "cuda/cuda_backend.h"
 
 int main(int argc, char** argv) {
   conveyor::TuneAllocatorForStreaming();
@@ -12,6 +17,7 @@ int main(int argc, char** argv) {
       "CNTK does (reproducibly, resumably, split across ranks), parses them in parallel and "
       "assembles dense and sparse (CSC, CSR) minibatches, on the CPU or the GPU.\n"
       "A configuration (YAML, JSON, or a CNTK BrainScript reader block) names the datasets.\n"
+      "Exit status: 0 success, 1 a failure (bad data, an unreachable daemon), 2 a usage error.\n"
       "Examples:\n"
       "  conveyor inspect examples/conveyor.yaml\n"
       "  conveyor dump examples/conveyor.yaml --dataset simple --randomize off --minibatch-size 4\n"
@@ -19,7 +25,8 @@ int main(int argc, char** argv) {
       "  conveyor bench examples/conveyor.yaml --dataset sparse --threads 2 --json",
       "conveyor"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "conveyor 0.1.0");
+  app.set_version_flag("--version", std::string("conveyor ") + CONVEYOR_VERSION +
+                                        (conveyor::CudaBuilt() ? " (CUDA assembler built in)" : " (built without CUDA)"));
   int exit_code = 0;
   conveyor::cli::RegisterInspect(app, &exit_code);
   conveyor::cli::RegisterIndex(app, &exit_code);
@@ -30,6 +37,13 @@ int main(int argc, char** argv) {
   conveyor::cli::RegisterSubscribe(app, &exit_code);
   conveyor::cli::RegisterHealth(app, &exit_code);
 #endif
-  CLI11_PARSE(app, argc, argv);
+  try {
+    if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;
+  } catch (const std::exception& e) {
+    // A command's own errors are statuses; this is the last guard against a library that
+    // throws, so that no input ends the program by a signal.
+    std::fprintf(stderr, "conveyor: internal error: %s\n", e.what());
+    return conveyor::cli::kExitFailure;
+  }
   return exit_code;
 }

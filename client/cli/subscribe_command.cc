@@ -6,8 +6,10 @@
 #include <string>
 
 #include "client/cli/commands.h"
+#include "common/cli/command_line.h"
 #include "client/cli/common_options.h"
 #include "client/cpp/conveyor_client.h"
+#include "proto/wire.h"
 #include "common/batch/dump_writer.h"
 #include "common/mapped_file.h"
 #include "cuda/slot_pool.h"
@@ -120,8 +122,21 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
   cmd->add_option("--token-file", args->token_file, "File with the bearer token the daemon requires on TCP");
   cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
-  AddStreamOptions(cmd, &args->stream);
-  cmd->callback([args, exit_code] { *exit_code = RunSubscribe(*args); });
+  AddStreamOptions(cmd, &args->stream, /*in_process=*/false);
+  cmd->callback([cmd, args, exit_code] {
+    // The daemon parses and assembles: options that only steer this process would be ignored.
+    for (const char* local : {"--threads", "--assembler", "--device"}) {
+      if (cmd->count(local) > 0) {
+        std::fprintf(stderr,
+                     "conveyor subscribe: %s does not apply to subscribe: the daemon parses and assembles (set "
+                     "--parser-threads, --assembler and --device on conveyord); see 'conveyor subscribe --help'\n",
+                     local);
+        *exit_code = kExitUsage;
+        return;
+      }
+    }
+    *exit_code = RunSubscribe(*args);
+  });
 }
 
 }  // namespace conveyor::cli

@@ -19,27 +19,6 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
 }
 
-v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request) {
-  v1::Subscribe s;
-  s.set_dataset(dataset);
-  s.set_minibatch_size(request.minibatch_size);
-  s.set_epochs(request.epochs);
-  if (request.seed) s.set_seed(*request.seed);
-  if (request.randomize) s.set_randomize(*request.randomize);
-  if (request.epoch_size) s.set_epoch_size(*request.epoch_size);
-  if (request.rank) s.set_rank(*request.rank);
-  if (request.world) s.set_world(*request.world);
-  if (request.frame_mode) s.set_frame_mode(*request.frame_mode);
-  if (request.full_minibatches) {
-    s.set_minibatch_mode(*request.full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
-  }
-  s.set_truncation(request.truncation);
-  s.set_parallel(request.parallel);
-  s.set_resume_cursor(request.resume);
-  for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
-  return s;
-}
-
 // ------------------------------------------------------------------ ReceivedBatch
 
 int ReceivedBatch::StreamIndex(const std::string& name) const {

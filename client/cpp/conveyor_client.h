@@ -35,16 +35,11 @@
 #include "absl/types/span.h"
 #include "client/cpp/idle_watchdog.h"
 #include "client/cpp/shared_segment.h"
-#include "common/batch/batch_layout.h"
-#include "common/sampling/stream_request.h"
+#include "common/batch/batch_plan.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
 #include "proto/stream_reader.h"
 
 namespace conveyor {
-
-// The Subscribe message for `request` (what the CLI's stream flags ask for) on `dataset`.
-// Credits and transport are left to the caller.
-v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request);
 
 template <typename T>
 struct DenseView {

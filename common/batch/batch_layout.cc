@@ -16,6 +16,9 @@ size_t DTypeSize(DType t) {
       return 8;
     case DType::kUInt8:
       return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
   }
   return 0;
 }
@@ -32,6 +35,10 @@ const char* DTypeName(DType t) {
       return "int64";
     case DType::kUInt8:
       return "uint8";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -75,11 +82,30 @@ void Place(ArrayDesc* a, DType dtype, std::vector<uint64_t> shape, uint64_t* cur
 
 }  // namespace
 
+absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Precision precision, DType dtype) {
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", stream, "': values can be delivered as float16 or "
+                                                   "bfloat16, not ", DTypeName(dtype)));
+  }
+  if (format == StreamFormat::kIds) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", stream, "' holds int32 ids: ", DTypeName(dtype),
+                                                   " applies to dense and sparse values"));
+  }
+  if (precision != Precision::kFloat) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", stream, "': ", DTypeName(dtype),
+                                                   " is converted from float32; the dataset's precision is double"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
-                                    absl::Span<const OutputLayout> layouts) {
+                                    absl::Span<const OutputLayout> layouts, absl::Span<const DType> value_dtypes) {
   if (!layouts.empty() && layouts.size() != streams.size()) {
     return absl::InternalError("one layout per stream expected");
+  }
+  if (!value_dtypes.empty() && value_dtypes.size() != streams.size()) {
+    return absl::InternalError("one value dtype per stream expected");
   }
   BatchPlan plan;
   plan.precision = precision;
@@ -130,7 +156,7 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     }
     plan.num_samples += main_stream >= 0 ? counts[main_stream] : longest;
   }
-  const DType value_type = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
+  const DType native_value_type = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
   uint64_t cursor = 0;
   if (bptt) {
     Place(&plan.mask, DType::kUInt8, {n, shape.steps}, &cursor);
@@ -145,6 +171,11 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     if (!layouts.empty()) {
       if (absl::Status st = CheckLayout(L.name, L.format, layouts[s]); !st.ok()) return st;
       if (L.format == StreamFormat::kSparse && layouts[s] != OutputLayout::kCsc) L.layout = layouts[s];
+    }
+    DType value_type = native_value_type;
+    if (!value_dtypes.empty() && value_dtypes[s] != native_value_type) {
+      if (absl::Status st = CheckValueDType(L.name, L.format, precision, value_dtypes[s]); !st.ok()) return st;
+      value_type = value_dtypes[s];
     }
     for (size_t i = 0; i < pieces.size(); ++i) {
       const uint32_t c = plan.count(i, s);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/batch/assembler.h"
+#include "common/batch/value_conversion.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -169,6 +170,27 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
   }
 }
 
+// Zeroes the alignment gaps between `plan`'s arrays (and the tail), so every byte is defined.
+void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
+  uint64_t cursor = 0;
+  auto gap_to = [&](const ArrayDesc& a) {
+    if (!a.present()) return;
+    std::memset(dst + cursor, 0, a.offset - cursor);
+    cursor = a.offset + a.bytes;
+  };
+  gap_to(plan.mask);
+  gap_to(plan.flags);
+  for (const StreamLayout& L : plan.streams) {
+    gap_to(L.lengths);
+    gap_to(L.colptr);
+    gap_to(L.rowind);
+    gap_to(L.rowptr);
+    gap_to(L.colind);
+    gap_to(L.values);
+  }
+  std::memset(dst + cursor, 0, plan.total_bytes - cursor);
+}
+
 class CpuAssembler final : public BatchAssembler {
  public:
   const char* name() const override { return "cpu"; }
@@ -176,24 +198,25 @@ class CpuAssembler final : public BatchAssembler {
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
-    // Zero the alignment gaps between arrays (and the tail), so every byte is defined.
-    uint64_t cursor = 0;
-    auto gap_to = [&](const ArrayDesc& a) {
-      if (!a.present()) return;
-      std::memset(dst.data() + cursor, 0, a.offset - cursor);
-      cursor = a.offset + a.bytes;
-    };
-    gap_to(plan.mask);
-    gap_to(plan.flags);
-    for (const StreamLayout& L : plan.streams) {
-      gap_to(L.lengths);
-      gap_to(L.colptr);
-      gap_to(L.rowind);
-      gap_to(L.rowptr);
-      gap_to(L.colind);
-      gap_to(L.values);
+    if (!NarrowsValues(plan)) {
+      AssembleInto(plan, pieces, dst.data());
+      return absl::OkStatus();
     }
-    std::memset(dst.data() + cursor, 0, plan.total_bytes - cursor);
+    // Float16/bfloat16 values (value_conversion.h): the float32 twin, then narrowed.
+    const BatchPlan wide = WidePlan(plan);
+    wide_.resize(wide.total_bytes);
+    AssembleInto(wide, pieces, wide_.data());
+    ZeroGaps(plan, dst.data());
+    for (const NarrowOp& op : NarrowOps(wide, plan)) {
+      for (uint64_t i = 0; i < op.count; ++i) NarrowElement(op, i, wide_.data(), dst.data());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  void AssembleInto(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* out) {
+    absl::Span<std::byte> dst(out, plan.total_bytes);
+    ZeroGaps(plan, dst.data());
     if (plan.mask.present()) {
       const uint64_t T = plan.shape.steps;
       auto* mask = reinterpret_cast<uint8_t*>(dst.data() + plan.mask.offset);
@@ -218,8 +241,9 @@ class CpuAssembler final : public BatchAssembler {
         AssembleStream<double>(plan, s, pieces, order, dst.data());
       }
     }
-    return absl::OkStatus();
   }
+
+  std::vector<std::byte> wide_;  // the float32 twin of a batch with narrowed values
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "common/batch/dump_writer.h"
 
+#include "common/batch/half.h"
+
 #include <charconv>
 #include <cmath>
 #include <algorithm>
@@ -68,7 +70,12 @@ template <typename T>
 void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, const std::byte* base,
                   const Columns* csr, std::string* out) {
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
-  const T* values = reinterpret_cast<const T*>(base + L.values.offset);
+  // Values narrowed to float16/bfloat16 print as the float32 they are exactly.
+  auto value = [&](uint64_t i) -> T {
+    if (L.values.dtype == DType::kFloat16) return HalfBitsToFloat(Load<uint16_t>(base + L.values.offset + 2 * i));
+    if (L.values.dtype == DType::kBFloat16) return BFloat16BitsToFloat(Load<uint16_t>(base + L.values.offset + 2 * i));
+    return Load<T>(base + L.values.offset + i * sizeof(T));
+  };
   if (L.ids()) {
     out->append("{\"ids\":[");
     for (uint64_t t = 0; t < count; ++t) {
@@ -83,10 +90,10 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
     for (uint64_t t = 0; t < count; ++t) {
       if (t) out->push_back(',');
       out->push_back('[');
-      const T* row = values + (p.row * T_len + p.t0 + t) * L.dim;
+      const uint64_t row = (p.row * T_len + p.t0 + t) * L.dim;
       for (uint32_t j = 0; j < L.dim; ++j) {
         if (j) out->push_back(',');
-        AppendNumber(row[j], out);
+        AppendNumber(value(row + j), out);
       }
       out->push_back(']');
     }
@@ -102,7 +109,7 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
       for (uint64_t k = csr->colptr[col]; k < csr->colptr[col + 1]; ++k) {
         if (k > csr->colptr[col]) out->push_back(',');
         absl::StrAppend(out, "[", csr->row[k], ",");
-        AppendNumber(values[csr->entry[k]], out);
+        AppendNumber(value(csr->entry[k]), out);
         out->push_back(']');
       }
       out->push_back(']');
@@ -114,7 +121,7 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
       out->push_back('[');
       absl::StrAppend(out, Load<int32_t>(base + L.rowind.offset + k * 4));
       out->push_back(',');
-      AppendNumber(Load<T>(base + L.values.offset + k * sizeof(T)), out);
+      AppendNumber(value(static_cast<uint64_t>(k)), out);
       out->push_back(']');
     }
     out->push_back(']');

@@ -12,20 +12,52 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/config/config_tree.h"
+#include "common/file_path.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
+#include "common/text/suggest.h"
 
 namespace conveyor {
 namespace {
 
 std::string Lower(std::string_view s) { return absl::AsciiStrToLower(absl::string_view(s.data(), s.size())); }
 
-std::string JoinPath(const std::string& dir, const std::string& file) {
-  if (file.empty() || dir.empty() || file.front() == '/') return file;
-  if (dir.back() == '/') return dir + file;
-  return dir + "/" + file;
+// The keys each block accepts, spelled as documented: what "did you mean" suggests from, and
+// what config_test checks every branch of the converter against.
+const std::vector<std::string> kTopKeys = {"listen", "tls", "tokenFile", "insecure", "server", "datasets"};
+const std::vector<std::string> kTlsKeys = {"cert", "key"};
+const std::vector<std::string> kServerKeys = {
+    "parserThreads", "parserThreadsPerStream", "maxSubscriptions", "assembler", "cudaDevice",
+    "stagingBytes", "minSlotBytes", "slotHeadroom", "unixSocketMode", "subscriptionBytes", "inFlightBytes",
+    "chunkCacheBytes"};
+const std::vector<std::string> kDatasetKeys = {
+    "deserializers", "readerType", "randomize", "randomizationWindow", "sampleBasedRandomizationWindow",
+    "randomizationSeed", "frameMode", "truncated", "truncationLength", "maxErrors", "traceLevel", "verbosity",
+    "allowPipes", "readMethod", "keepDataInMemory", "cacheIndex", "epochSize", "minibatchMode", "precision",
+    "distribution"};
+const std::vector<std::string> kDeserializerKeys = {
+    "type", "file", "input", "rspecifier", "kind", "allowPipes", "skipSequenceIds", "chunkSizeInBytes",
+    "maxErrors", "traceLevel", "module"};
+const std::vector<std::string> kStreamKeys = {
+    "alias", "dim", "format", "definesMBSize", "scpFile", "mlfFile", "labelMappingFile", "labelDim",
+    "frameShift", "contextWindow", "type", "labelType"};
+
+}  // namespace
+
+const ConfigKeys& KnownConfigKeys() {
+  static const ConfigKeys* keys =
+      new ConfigKeys{kTopKeys, kTlsKeys, kServerKeys, kDatasetKeys, kDeserializerKeys, kStreamKeys};
+  return *keys;
+}
+
+namespace {
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 class Converter {
@@ -40,8 +72,10 @@ class Converter {
 
   // Unknown keys are errors in YAML (they are typos) and warnings in BrainScript, whose
   // reader blocks legitimately carry keys for other CNTK components.
-  absl::Status Unknown(const ConfigNode& at, const std::string& key, const std::string& where) {
-    std::string msg = absl::StrCat("unknown key '", key, "' in ", where);
+  // `known`: the keys `where` accepts, for a suggestion.
+  absl::Status Unknown(const ConfigNode& at, const std::string& key, const std::string& where,
+                       const std::vector<std::string>& known) {
+    std::string msg = absl::StrCat("unknown key '", key, "' in ", where, DidYouMean(key, known));
     if (brainscript_) {
       out_->warnings.push_back(absl::StrCat(source_, ":", at.line, ":", at.column, ": ", msg, " (ignored)"));
       return absl::OkStatus();
@@ -70,6 +104,24 @@ class Converter {
       return Error(n, absl::StrCat("'", key, "' must be between ", min, " and ", max, ", found ", v));
     }
     return v;
+  }
+
+  // A file mode in octal digits ("0660" or "660"). Only read and write bits for owner and
+  // group: a socket others could use would bypass the token.
+  absl::StatusOr<int> SocketMode(const ConfigNode& n, const std::string& key) const {
+    const std::string& s = n.scalar;
+    int mode = 0;
+    bool ok = n.kind == ConfigNode::Kind::kScalar && !s.empty() && s.size() <= 4;
+    for (char c : s) {
+      ok = ok && c >= '0' && c <= '7';
+      if (ok) mode = mode * 8 + (c - '0');
+    }
+    if (!ok) return Error(n, absl::StrCat("expected an octal mode such as 0600 or 0660 for '", key, "', found '", s, "'"));
+    if ((mode & ~0660) != 0 || (mode & 0600) != 0600) {
+      return Error(n, absl::StrCat("'", key, "' ", s, ": the socket must be readable and writable by its owner, "
+                                   "and may be by its group (0600 or 0660); others never (they would bypass the token)"));
+    }
+    return mode;
   }
 
   absl::StatusOr<std::string> String(const ConfigNode& n, const std::string& key) const {
@@ -131,7 +183,7 @@ class Converter {
         } else if (key == "type" || key == "labeltype") {
           // CNTK's "real"/"category": what the deserializer already says.
         } else {
-          RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "' (expected alias, dim, format, definesMBSize)")));
+          RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("input '", name, "'"), kStreamKeys));
         }
       }
       const bool binary = d->type == "CNTKBinary" || d->type == "KaldiTable";  // the data describes its streams
@@ -209,6 +261,12 @@ class Converter {
     } else if (key == "epochsize") {
       ASSIGN_OR_RETURN(uint64_t e, UInt(v, k, 0, UINT64_MAX));
       if (e > 0) ds->epoch_size = e;  // CNTK: 0 means one sweep
+    } else if (key == "distribution") {
+      const std::string m = Lower(v.scalar);
+      if (m == "balanced") ds->distribution = Distribution::kBalanced;
+      else if (m == "chunks") ds->distribution = Distribution::kChunks;
+      else return Error(v, absl::StrCat("expected distribution balanced or chunks, found '", v.scalar, "'"));
+      distribution_given_ = true;
     } else if (key == "minibatchmode") {
       const std::string m = Lower(v.scalar);
       if (m == "partial") ds->full_minibatches = false;
@@ -338,7 +396,7 @@ class Converter {
     for (const auto& [k, v] : n.map) {
       if (absl::EqualsIgnoreCase(k, "type")) continue;
       ASSIGN_OR_RETURN(bool known, DeserializerKey(k, v, &d));
-      if (!known) RETURN_IF_ERROR(Unknown(v, k, "deserializer"));
+      if (!known) RETURN_IF_ERROR(Unknown(v, k, "deserializer", kDeserializerKeys));
     }
     RETURN_IF_ERROR(FinishDeserializer(n, &d));
     ds->deserializers.push_back(std::move(d));
@@ -352,6 +410,7 @@ class Converter {
     DatasetConfig ds;
     ds.name = name;
     ds.precision = precision;
+    distribution_given_ = false;
     DeserializerConfig inline_d;
     std::vector<DeserializerConfig> legacy_htk;
     bool has_inline = false;
@@ -393,7 +452,7 @@ class Converter {
         has_inline = true;
         continue;
       }
-      RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'")));
+      RETURN_IF_ERROR(Unknown(v, k, absl::StrCat("dataset '", name, "'"), Concat(kDatasetKeys, kDeserializerKeys)));
     }
     if (inline_d.type == "HTKMLFReader") {
       // CNTK's HTKMLFReader reads frames unless told otherwise (its documentation page,
@@ -439,6 +498,8 @@ class Converter {
       return Error(n, absl::StrCat("dataset '", name, "': frameMode and truncated cannot be combined"));
     if (ds.truncated && ds.truncation_length == 0)
       return Error(n, absl::StrCat("dataset '", name, "': truncated needs a truncationLength > 0"));
+    // CNTK's readers split minibatches among workers by chunk: a CNTK configuration keeps that.
+    if (brainscript_ && !distribution_given_) ds.distribution = Distribution::kChunks;
     if (out_->Find(name) != nullptr) return Error(n, absl::StrCat("dataset '", name, "' is defined twice"));
     out_->datasets.push_back(std::move(ds));
     return absl::OkStatus();
@@ -460,13 +521,15 @@ class Converter {
             ASSIGN_OR_RETURN(std::string f, String(tv, tk));
             out_->tls_key = JoinPath(base_dir_, f);
           } else {
-            return Error(tv, absl::StrCat("unknown key '", tk, "' in tls (expected cert, key)"));
+            return Error(tv, absl::StrCat("unknown key '", tk, "' in tls (expected cert, key)", DidYouMean(tk, kTlsKeys)));
           }
         }
         if (out_->tls_cert.empty() != out_->tls_key.empty()) return Error(v, "tls needs both cert and key");
       } else if (key == "tokenfile") {
         ASSIGN_OR_RETURN(std::string f, String(v, k));
         out_->token_file = JoinPath(base_dir_, f);
+      } else if (key == "insecure") {
+        ASSIGN_OR_RETURN(out_->insecure, Bool(v, k));
       } else if (key == "server") {
         if (!v.is_map()) {
           return Error(v, "expected 'server: {parserThreads: N, parserThreadsPerStream: N, maxSubscriptions: N, "
@@ -496,6 +559,8 @@ class Converter {
             ASSIGN_OR_RETURN(out_->server.staging_bytes, UInt(sv, sk, uint64_t{1} << 16, uint64_t{1} << 36));
           } else if (skey == "minslotbytes") {
             ASSIGN_OR_RETURN(out_->server.min_slot_bytes, UInt(sv, sk, 256, uint64_t{1} << 36));
+          } else if (skey == "unixsocketmode") {
+            ASSIGN_OR_RETURN(out_->server.unix_socket_mode, SocketMode(sv, sk));
           } else if (skey == "slotheadroom") {
             char* end = nullptr;
             const double h = sv.kind == ConfigNode::Kind::kScalar ? std::strtod(sv.scalar.c_str(), &end) : 0;
@@ -510,17 +575,16 @@ class Converter {
           } else if (skey == "chunkcachebytes") {
             ASSIGN_OR_RETURN(out_->server.chunk_cache_bytes, UInt(sv, sk, uint64_t{1} << 20, uint64_t{1} << 44));
           } else {
-            return Error(sv, absl::StrCat("unknown key '", sk,
-                                          "' in server (expected parserThreads, parserThreadsPerStream, maxSubscriptions, "
-                                          "assembler, cudaDevice, stagingBytes, minSlotBytes, slotHeadroom, "
-                                          "subscriptionBytes, inFlightBytes, chunkCacheBytes)"));
+            return Error(sv, absl::StrCat("unknown key '", sk, "' in server", DidYouMean(sk, kServerKeys),
+                                          ": expected one of ", absl::StrJoin(kServerKeys, ", ")));
           }
         }
       } else if (key == "datasets") {
         if (!v.is_map() || v.map.empty()) return Error(v, "expected 'datasets' to map names to dataset blocks");
         for (const auto& [name, ds] : v.map) RETURN_IF_ERROR(Dataset(name, ds, Precision::kFloat));
       } else {
-        return Error(v, absl::StrCat("unknown top-level key '", k, "' (expected listen, tls, tokenFile, server, datasets)"));
+        return Error(v, absl::StrCat("unknown top-level key '", k, "'", DidYouMean(k, kTopKeys),
+                                      ": expected one of ", absl::StrJoin(kTopKeys, ", ")));
       }
     }
     if (out_->datasets.empty()) return Error(root, "the configuration defines no dataset ('datasets:' is missing)");
@@ -557,6 +621,7 @@ class Converter {
   const std::string base_dir_;
   const bool brainscript_;
   Config* const out_;
+  bool distribution_given_ = false;  // the dataset being converted names its distribution
 };
 
 }  // namespace

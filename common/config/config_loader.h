@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/config/dataset_config.h"
@@ -19,6 +20,13 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // Parses `text`; `source` names it in messages and `base_dir` resolves relative paths.
 absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& source,
                                    const std::string& base_dir);
+
+// The keys each block of a YAML/JSON configuration accepts, spelled as documented: what an
+// unknown key's "did you mean" is chosen from.
+struct ConfigKeys {
+  std::vector<std::string> top, tls, server, dataset, deserializer, stream;
+};
+const ConfigKeys& KnownConfigKeys();
 
 // Hard limits on what a configuration may ask for.
 inline constexpr uint64_t kMaxDim = (1ull << 31) - 1;  // sparse row indices are int32

@@ -23,7 +23,29 @@ const ConfigNode* ConfigNode::Get(std::string_view key) const {
 
 namespace {
 
-absl::StatusOr<ConfigNode> FromYaml(const YAML::Node& n, const std::string& source) {
+// YAML aliases make the document a graph: `a: &a [*a]` refers to itself, and a few hundred
+// bytes of aliases to aliases stand for billions of nodes. The conversion to a tree walks
+// that graph, so it is bounded in depth and in the nodes it creates.
+struct YamlWalk {
+  const std::string& source;
+  size_t nodes_left;
+};
+
+absl::Status YamlTooBig(const YAML::Node& n, const YamlWalk& walk, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(walk.source, ":", n.Mark().line + 1, ":", n.Mark().column + 1, ": ",
+                                                 what));
+}
+
+absl::StatusOr<ConfigNode> FromYaml(const YAML::Node& n, YamlWalk& walk, int depth) {
+  if (depth > kMaxYamlDepth) {
+    return YamlTooBig(n, walk, absl::StrCat("the configuration nests deeper than ", kMaxYamlDepth,
+                                            " levels (does a YAML alias refer to a block that contains it?)"));
+  }
+  if (walk.nodes_left == 0) {
+    return YamlTooBig(n, walk, "the configuration expands to too many values (YAML aliases repeating aliases?); "
+                               "write the blocks out instead");
+  }
+  --walk.nodes_left;
   ConfigNode out;
   out.line = n.Mark().line + 1;
   out.column = n.Mark().column + 1;
@@ -39,7 +61,7 @@ absl::StatusOr<ConfigNode> FromYaml(const YAML::Node& n, const std::string& sour
     case YAML::NodeType::Sequence:
       out.kind = ConfigNode::Kind::kList;
       for (const auto& item : n) {
-        ASSIGN_OR_RETURN(ConfigNode child, FromYaml(item, source));
+        ASSIGN_OR_RETURN(ConfigNode child, FromYaml(item, walk, depth + 1));
         out.list.push_back(std::move(child));
       }
       return out;
@@ -47,17 +69,17 @@ absl::StatusOr<ConfigNode> FromYaml(const YAML::Node& n, const std::string& sour
       out.kind = ConfigNode::Kind::kMap;
       for (const auto& kv : n) {
         if (!kv.first.IsScalar()) {
-          return absl::InvalidArgumentError(absl::StrCat(source, ":", kv.first.Mark().line + 1,
+          return absl::InvalidArgumentError(absl::StrCat(walk.source, ":", kv.first.Mark().line + 1,
                                                          ":", kv.first.Mark().column + 1,
                                                          ": expected a plain key"));
         }
         const std::string key = kv.first.Scalar();
         if (out.Get(key) != nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(source, ":", kv.first.Mark().line + 1,
+          return absl::InvalidArgumentError(absl::StrCat(walk.source, ":", kv.first.Mark().line + 1,
                                                          ":", kv.first.Mark().column + 1,
                                                          ": duplicate key '", key, "'"));
         }
-        ASSIGN_OR_RETURN(ConfigNode child, FromYaml(kv.second, source));
+        ASSIGN_OR_RETURN(ConfigNode child, FromYaml(kv.second, walk, depth + 1));
         if (child.line == 0) child.line = kv.first.Mark().line + 1;
         out.map.emplace_back(key, std::move(child));
       }
@@ -71,7 +93,10 @@ absl::StatusOr<ConfigNode> FromYaml(const YAML::Node& n, const std::string& sour
 absl::StatusOr<ConfigNode> ParseYamlConfig(std::string_view text, const std::string& source) {
   try {
     YAML::Node root = YAML::Load(std::string(text));
-    return FromYaml(root, source);
+    // Without aliases a document has fewer values than bytes; aliases may reuse blocks a
+    // few times over, not without bound.
+    YamlWalk walk{source, 4 * text.size() + 4096};
+    return FromYaml(root, walk, 0);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ":",
                                                    e.mark.column + 1, ": ", e.msg));

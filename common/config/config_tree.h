@@ -27,7 +27,12 @@ struct ConfigNode {
   const ConfigNode* Get(std::string_view key) const;
 };
 
-// Parses YAML (JSON is YAML). Errors: InvalidArgument "SOURCE:LINE:COL: message".
+// Deepest nesting of a YAML document's values (aliases followed).
+inline constexpr int kMaxYamlDepth = 64;
+
+// Parses YAML (JSON is YAML). Aliases are followed, at most kMaxYamlDepth levels deep and
+// to at most 4 values per byte of text (an alias that contains itself, or an alias bomb, is
+// an error). Errors: InvalidArgument "SOURCE:LINE:COL: message".
 absl::StatusOr<ConfigNode> ParseYamlConfig(std::string_view text, const std::string& source);
 
 // Parses a CNTK BrainScript configuration: `name = value` entries separated by newlines or

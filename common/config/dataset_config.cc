@@ -4,6 +4,8 @@
 
 namespace conveyor {
 
+const char* DistributionName(Distribution d) { return d == Distribution::kChunks ? "chunks" : "balanced"; }
+
 const char* StreamFormatName(StreamFormat f) {
   switch (f) {
     case StreamFormat::kDense:

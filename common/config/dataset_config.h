@@ -8,12 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/config/stream_types.h"
+
 namespace conveyor {
-
-enum class StreamFormat { kDense, kSparse, kIds };
-enum class Precision { kFloat, kDouble };
-
-const char* StreamFormatName(StreamFormat f);
 
 // One input stream of a deserializer.
 struct StreamConfig {
@@ -30,6 +27,13 @@ struct StreamConfig {
   uint64_t frame_shift = 100000;  // MLF times per frame, in 100 ns units (10 ms)
   bool format_given = true;  // CNTKBinary: format/dim may be left to the file (false, dim 0)
 };
+
+// How ranks share a global minibatch (docs/randomization.md section 5). kBalanced: its units
+// are dealt to the ranks, each to the rank with the fewest samples so far (every rank within
+// one unit of minibatch/world). kChunks: CNTK's decimation by randomized chunk (a rank parses
+// only its own chunks; its share of a minibatch follows the chunks).
+enum class Distribution { kBalanced = 0, kChunks = 1 };
+const char* DistributionName(Distribution d);
 
 // What a KaldiTable holds: matrices (a sample per row), vectors (one sample), or int32
 // vectors (alignments: a sample per element).
@@ -69,6 +73,9 @@ struct DatasetConfig {
   std::optional<uint64_t> epoch_size;  // samples; unset: one sweep
   bool full_minibatches = false;       // minibatchMode: full (default partial)
   bool allow_pipes = false;            // Kaldi `cmd |` rxfilenames (a deserializer may override)
+  // How ranks share minibatches: balanced in YAML/JSON configurations, chunks (CNTK's) in
+  // BrainScript ones, unless `distribution` says.
+  Distribution distribution = Distribution::kBalanced;
   std::vector<DeserializerConfig> deserializers;
 
   // Effective error budget and verbosity (a deserializer may override the dataset's).
@@ -83,6 +90,9 @@ struct Config {
   std::string listen;  // daemon address; empty: the daemon's default
   std::string tls_cert, tls_key;  // PEM files (resolved) for TLS on TCP; empty: plaintext
   std::string token_file;         // bearer token required on TCP; empty: none
+  // TCP on an address other than loopback without a token is refused unless this is set
+  // (`insecure: true`): anyone who reaches the port could read every dataset.
+  bool insecure = false;
   struct Server {                 // daemon limits (`server:`); 0: the daemon's default
     int parser_threads = 0;             // parser pool shared by every subscription
     int parser_threads_per_stream = 0;  // chunks one subscription parses at once
@@ -95,6 +105,9 @@ struct Config {
     uint64_t staging_bytes = 0;
     uint64_t min_slot_bytes = 0;
     double slot_headroom = 0;
+    // Permission bits of the unix socket (and its descriptor socket): 0600 by default (the
+    // daemon's user only); 0660 lets a shared group's trainers in.
+    int unix_socket_mode = -1;  // -1: the daemon's default (0600)
     // Memory budgets (0: the daemon's defaults): one subscription's batches in flight, every
     // subscription's together, parsed chunks of every dataset.
     uint64_t subscription_bytes = 0;

@@ -77,6 +77,8 @@ uint64_t StreamConfigHash(const DatasetConfig& dataset, const PlannerOptions& o)
   h.Add(o.full_minibatches);
   h.Add(o.truncation);
   h.Add(o.truncation > 0 ? o.parallel : 0);
+  // Not the distribution: a cursor stands between global minibatches, and either policy
+  // partitions the rest anew (as an elastic resume does), every unit delivered once.
   return h.h;
 }
 

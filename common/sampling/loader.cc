@@ -13,14 +13,23 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const Dataset* dataset,
                                                        const LoaderOptions& options) {
   if (options.threads < 1) return absl::InvalidArgumentError("threads must be at least 1");
   ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, Planner::Create(&dataset->index(), options.planner));
-  if (options.resume) RETURN_IF_ERROR(planner->Seek(*options.resume));
+  if (options.batch_stride == 0 || options.batch_offset >= options.batch_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("batch offset ", options.batch_offset, " must be below the stride ",
+                                                   options.batch_stride));
+  }
+  if (options.resume) {
+    RETURN_IF_ERROR(planner->Seek(*options.resume));
+  } else if (options.first_epoch > 0) {
+    RETURN_IF_ERROR(planner->SeekEpoch(options.first_epoch));
+  }
   return std::unique_ptr<Loader>(new Loader(dataset, assembler, std::move(planner), options));
 }
 
 Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
                const LoaderOptions& options)
     : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)),
-      bptt_(options.planner.truncation > 0), layouts_(options.layouts) {
+      bptt_(options.planner.truncation > 0), layouts_(options.layouts), value_dtypes_(options.value_dtypes),
+      batch_stride_(options.batch_stride), batch_offset_(options.batch_offset) {
   ChunkPipelineOptions po;
   po.pool = options.pool;
   po.threads = options.threads;
@@ -55,6 +64,17 @@ void Loader::Cancel() {
   pipeline_->Cancel();
 }
 
+void Loader::CloseChunks(const std::vector<uint32_t>& chunks) {
+  for (uint32_t c : chunks) {
+    auto it = open_.find(c);
+    if (it == open_.end()) continue;
+    const uint64_t t = it->second;
+    open_.erase(it);
+    closed_.insert(t);
+    if (ticket_refs_[t] == 0) Unref(t);
+  }
+}
+
 void Loader::PrefetchAhead() {
   // Truncated BPTT assigns sequences to slots, not chunks to ranks: it reads on demand.
   if (bptt_) return;
@@ -77,7 +97,7 @@ void Loader::PrefetchAhead() {
   while (scheduled_ahead_ < lookahead_chunks_ && prefetch_sweep_ <= last_sweep &&
          static_cast<u128>(prefetch_sweep_) * n + prefetch_pos_ < horizon) {
     const uint64_t pos = prefetch_pos_;
-    if (pos % o.world == o.rank) {
+    if (planner_->MayUse(pos)) {
       const uint32_t chunk = prefetch_order_[pos];
       if (open_.find(chunk) == open_.end()) {
         open_.emplace(chunk, pipeline_->Enqueue(chunk));
@@ -105,6 +125,10 @@ void Loader::PlanAhead() {
       planner_done_ = true;
       break;
     }
+    if (batches_planned_++ % batch_stride_ != batch_offset_) {
+      CloseChunks(b->exhausted_chunks);  // another worker's batch
+      continue;
+    }
     Planned p;
     p.batch = std::move(*b);
     // Consecutive pieces mostly come from one chunk: look a chunk up only when it changes.
@@ -128,14 +152,7 @@ void Loader::PlanAhead() {
     p.distinct.erase(std::unique(p.distinct.begin(), p.distinct.end()), p.distinct.end());
     for (uint64_t t : p.distinct) ++ticket_refs_[t];
     planned_pieces_ += p.batch.pieces.size();
-    for (uint32_t c : p.batch.exhausted_chunks) {
-      auto it = open_.find(c);
-      if (it == open_.end()) continue;
-      const uint64_t t = it->second;
-      open_.erase(it);
-      closed_.insert(t);
-      if (ticket_refs_[t] == 0) Unref(t);
-    }
+    CloseChunks(p.batch.exhausted_chunks);
     planned_.push_back(std::move(p));
   }
   PrefetchAhead();
@@ -222,7 +239,7 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   shape.rows = rows;
   shape.steps = p.batch.steps;
   shape.frame_mode = frame_mode;
-  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_);
+  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_, value_dtypes_);
   if (!plan.ok()) {
     give_back();
     return plan.status();

@@ -33,6 +33,15 @@ struct LoaderOptions {
   int prefetch = 0;  // chunks parsed ahead; 0: 2 per thread
   std::optional<CursorState> resume;  // continue after the batch this state follows
   std::vector<OutputLayout> layouts;  // per stream (empty: all native)
+  std::vector<DType> value_dtypes;    // per stream (empty: all native): float16/bfloat16 narrowing
+  // Batches of the stream this loader delivers: those whose index k (counted from where it
+  // starts) has k % batch_stride == batch_offset. The others are planned (their cursors and
+  // chunk releases kept exact) but neither parsed for nor assembled: DataLoader workers
+  // sharing one trainer's stream.
+  uint32_t batch_stride = 1;
+  uint32_t batch_offset = 0;
+  // Start at the first batch of this epoch (without `resume`).
+  uint64_t first_epoch = 0;
   ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
   // Asked before each chunk is parsed (ChunkPipelineOptions::admit); empty: always.
   std::function<absl::Status(uint64_t chunk_id)> admit_chunk;
@@ -108,6 +117,9 @@ class Loader {
   Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_ptr<Planner> planner,
          const LoaderOptions& options);
   void PlanAhead();
+  // The plan is done with these chunks (a batch's exhausted_chunks): release them when no
+  // planned batch holds them.
+  void CloseChunks(const std::vector<uint32_t>& chunks);
   // Schedules the chunks of the next randomized positions before any batch needs them.
   void PrefetchAhead();
   void Unref(uint64_t ticket);
@@ -118,6 +130,9 @@ class Loader {
   std::unique_ptr<ChunkPipeline> pipeline_;
   const bool bptt_;
   const std::vector<OutputLayout> layouts_;
+  const std::vector<DType> value_dtypes_;
+  const uint32_t batch_stride_, batch_offset_;
+  uint64_t batches_planned_ = 0;  // of the whole stream, ours or not
   // Pieces planned ahead of the consumer, at most (beyond the one batch always planned).
   static constexpr size_t kMaxPiecesAhead = size_t{1} << 20;
   uint64_t lookahead_chunks_;

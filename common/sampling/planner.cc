@@ -1,8 +1,10 @@
 #include "common/sampling/planner.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace conveyor {
 namespace {
@@ -198,14 +200,17 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   b.pieces.reserve(std::min<uint64_t>(options_.minibatch_size / options_.world + 1, 1 << 16));
   const uint64_t sweep = state_.sweep;
   const bool full = options_.full_minibatches;
+  uint64_t units = 0;  // of the global minibatch so far
+  rank_loads_.clear();
   while (true) {
     const Unit* u = Peek();
     if (u == nullptr) break;
     if (!full && (state_.sweep != sweep || Position() >= epoch_end)) break;
     if (full && b.global_samples == 0 && Position() >= epoch_end) break;
     if (b.global_samples > 0 && b.global_samples + u->samples > options_.minibatch_size) break;
+    const uint64_t unit = units++;
     b.global_samples += u->samples;
-    if (u->position % options_.world == options_.rank) {
+    if (TakesUnit(*u, unit)) {
       Piece p = MakePiece(*u);
       p.row = b.rows++;
       b.pieces.push_back(p);
@@ -220,6 +225,59 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   Step(&b);
   if (b.global_samples == 0) return std::nullopt;  // an epoch in which no unit starts
   return b;
+}
+
+bool Planner::TakesUnit(const Unit& u, uint64_t unit) {
+  const uint32_t w = options_.world;
+  if (options_.distribution == Distribution::kChunks) return u.position % w == options_.rank;
+  if (w == 1) return true;
+  // Balanced: the first `w` units go to ranks 0..w-1 (each holds nothing yet; ties go to the
+  // lowest rank), then each to the rank holding the fewest samples.
+  if (unit < w) {
+    rank_loads_.emplace_back(u.samples, static_cast<uint32_t>(unit));
+    if (unit + 1 == w) std::make_heap(rank_loads_.begin(), rank_loads_.end(), std::greater<>());
+    return unit == options_.rank;
+  }
+  std::pop_heap(rank_loads_.begin(), rank_loads_.end(), std::greater<>());
+  auto& least = rank_loads_.back();
+  least.first += u.samples;
+  const bool mine = least.second == options_.rank;
+  std::push_heap(rank_loads_.begin(), rank_loads_.end(), std::greater<>());
+  return mine;
+}
+
+absl::Status Planner::SeekEpoch(uint64_t epoch) {
+  if (epoch == 0) return absl::OkStatus();
+  if (epoch >= options_.epochs) {
+    return absl::InvalidArgumentError(absl::StrCat("first epoch ", epoch, " is not before the last epoch asked for (",
+                                                   options_.epochs, " epochs, counted from 0)"));
+  }
+  const uint64_t sweep_samples = index_->total_samples;
+  if (sweep_samples == 0 || index_->chunks.empty()) return absl::OkStatus();
+  const uint64_t units = options_.randomizer.frame_mode ? sweep_samples : index_->sequences.size();
+  if (options_.full_minibatches || options_.truncation > 0) {
+    // A minibatch may run past its epoch's end: only planning the epochs before says where
+    // this one starts.
+    if (static_cast<unsigned __int128>(epoch) * units > kMaxReplayUnits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "starting at epoch ", epoch, " in full minibatch mode or truncated BPTT means planning the ", epoch,
+          " epochs before it (", units, " units each); resume from a cursor instead"));
+    }
+    while (state_.epoch < epoch && Next()) {
+    }
+    return absl::OkStatus();
+  }
+  // Epoch e starts with the first unit that starts at or after e * epochSize.
+  const uint64_t target = SaturatingMul(epoch, epoch_size_);
+  CursorState s;
+  s.slots = state_.slots;
+  s.sweep = target / sweep_samples;
+  RETURN_IF_ERROR(Seek(s));
+  while (Position() < target && Peek() != nullptr) Advance();
+  state_.epoch = epoch;
+  state_.batch = 0;
+  pending_exhausted_.clear();  // chunks before the start were never opened
+  return absl::OkStatus();
 }
 
 std::optional<PlannedBatch> Planner::NextTruncated() {

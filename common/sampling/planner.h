@@ -5,10 +5,11 @@
 //    and starts at the first unit that starts at or after e*epochSize;
 //  - a global minibatch takes whole units while it holds <= minibatchSize samples, and at
 //    least one; it is cut at the end of the epoch (checked before each unit) and of a sweep;
-//  - rank r of w takes, from every global minibatch, the units of the chunks whose
-//    randomized position p has p % w == r: all ranks walk the same global timeline, so
-//    every rank gets the same number of minibatches (some may be empty) and the ranks'
-//    data is disjoint and complete;
+//  - ranks split every global minibatch: all ranks walk the same global timeline, so every
+//    rank gets the same number of minibatches and the ranks' data is disjoint and complete.
+//    Balanced: the minibatch's units are dealt in order, each to the rank holding the fewest
+//    samples so far (ties: the lowest rank). Chunks (CNTK's): rank r of w takes the units of
+//    the chunks whose randomized position p has p % w == r (some batches may be empty);
 //  - truncated BPTT: N slots (global; slot j belongs to rank j % w) each carry a queue of
 //    sequences; every minibatch is T steps of each slot, a sequence continuing in the same
 //    slot across minibatches.
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config/dataset_config.h"
 #include "common/index/index.h"
 #include "common/sampling/sweep_order.h"
 
@@ -39,6 +41,7 @@ struct PlannerOptions {
   bool full_minibatches = false;
   uint32_t truncation = 0;             // T > 0: truncated BPTT
   uint32_t parallel = 0;               // N slots; 0: max(1, minibatch_size / T)
+  Distribution distribution = Distribution::kChunks;  // how ranks share a minibatch (not BPTT)
 };
 
 // Where the timeline stands: everything needed to continue exactly.
@@ -98,6 +101,19 @@ class Planner {
   // not fit the index (segment, offset or slots out of range).
   absl::Status Seek(const CursorState& state);
 
+  // Starts at the first minibatch of epoch `epoch` (< options().epochs), from the start.
+  // Positions directly (one sweep's units at most are counted) unless minibatches spill
+  // across epochs (full minibatch mode, truncated BPTT): then the epochs before it are
+  // planned and dropped, refused past kMaxReplayUnits units. Errors: InvalidArgument.
+  absl::Status SeekEpoch(uint64_t epoch);
+  static constexpr uint64_t kMaxReplayUnits = uint64_t{1} << 27;
+
+  // Whether this rank may take units of the chunk at randomized position `position` (the
+  // chunks worth parsing ahead): its own under the chunks distribution, any under balanced.
+  bool MayUse(uint64_t position) const {
+    return options_.distribution == Distribution::kBalanced || position % options_.world == options_.rank;
+  }
+
   // The next minibatch of this rank, or std::nullopt after the last epoch.
   std::optional<PlannedBatch> Next();
 
@@ -117,6 +133,8 @@ class Planner {
   void OpenSweep(uint64_t sweep, uint64_t segment);
   void NoteExhausted(uint64_t up_to_segment, std::vector<uint32_t>* out);
   Piece MakePiece(const Unit& u) const;
+  // Whether this rank takes `u`, the `unit`-th unit of the minibatch being planned.
+  bool TakesUnit(const Unit& u, uint64_t unit);
   std::optional<PlannedBatch> NextFrameOrSequence();
   std::optional<PlannedBatch> NextTruncated();
   // Moves the state past the batch just planned (next batch, or next epoch) into b->after.
@@ -130,6 +148,9 @@ class Planner {
   std::unique_ptr<SweepOrder> order_;
   uint64_t order_sweep_ = UINT64_MAX;
   const std::vector<Unit>* segment_ = nullptr;
+  // Balanced distribution: the samples each rank holds in the minibatch being planned, once
+  // every rank has a unit (a min-heap of (samples, rank)).
+  std::vector<std::pair<uint64_t, uint32_t>> rank_loads_;
   uint64_t loaded_segment_ = UINT64_MAX;
   std::vector<uint64_t> last_segment_;   // per randomized position: last segment it feeds
   uint64_t exhausted_upto_ = 0;          // positions with last_segment_ < this are reported

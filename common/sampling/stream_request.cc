@@ -73,6 +73,38 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
       out.loader.layouts[s] = layout;
     }
   }
+  if (!r.value_dtypes.empty()) {
+    out.loader.value_dtypes.assign(dataset.streams().size(),
+                                   config.precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64);
+    for (const auto& [name, dtype] : r.value_dtypes) {
+      size_t s = 0;
+      while (s < dataset.streams().size() && dataset.streams()[s].name != name) ++s;
+      if (s == dataset.streams().size()) {
+        return absl::InvalidArgumentError(absl::StrCat("a dtype names no stream of the dataset: '", name.substr(0, 64),
+                                                       "' (streams: ", StreamNames(dataset), ")"));
+      }
+      RETURN_IF_ERROR(CheckValueDType(name, dataset.streams()[s].format, config.precision, dtype));
+      out.loader.value_dtypes[s] = dtype;
+    }
+  }
+  p.distribution = r.distribution.value_or(config.distribution);
+  if (r.batch_stride == 0 || r.batch_stride > kMaxBatchStride || r.batch_offset >= r.batch_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("batch stride must be between 1 and ", kMaxBatchStride,
+                                                   " and the batch offset below it (got ", r.batch_stride, " and ",
+                                                   r.batch_offset, ")"));
+  }
+  out.loader.batch_stride = r.batch_stride;
+  out.loader.batch_offset = r.batch_offset;
+  if (r.first_epoch) {
+    if (!r.resume.empty()) {
+      return absl::InvalidArgumentError("a first epoch and a resume cursor exclude each other (the cursor says where)");
+    }
+    if (*r.first_epoch >= p.epochs) {
+      return absl::InvalidArgumentError(absl::StrCat("first epoch ", *r.first_epoch, " must be below epochs (",
+                                                     p.epochs, ", counted from epoch 0)"));
+    }
+    out.loader.first_epoch = *r.first_epoch;
+  }
   out.identity.data_hash = IndexHash(dataset.index());
 
   if (!r.resume.empty()) {
@@ -98,6 +130,13 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
     }
   }
   if (p.rank >= p.world) return absl::InvalidArgumentError(absl::StrCat("rank ", p.rank, " is not below world ", p.world));
+  const uint64_t chunks = dataset.index().chunks.size();
+  if (p.world > 1 && p.truncation == 0 && p.distribution == Distribution::kChunks && chunks < 4 * uint64_t{p.world}) {
+    out.warnings.push_back(absl::StrCat(
+        dataset.config().name, ": ", chunks, " chunk(s) for ", p.world, " ranks with distribution 'chunks': a rank's "
+        "share of a minibatch follows the chunks, so some ranks get few or no sequences; use distribution 'balanced' "
+        "(or a smaller chunkSizeInBytes)"));
+  }
   out.identity.config_hash = StreamConfigHash(config, p);
   out.identity.seed = rz.seed;
   out.identity.rank = p.rank;

@@ -32,6 +32,10 @@ struct StreamRequest {
   std::string resume;       // a cursor token, or empty
   int threads = 1;
   std::map<std::string, OutputLayout> layouts;  // by stream name; missing: native
+  std::map<std::string, DType> value_dtypes;    // by stream name: float16 or bfloat16
+  std::optional<Distribution> distribution;     // default: the dataset's
+  std::optional<uint64_t> first_epoch;          // start at this epoch's first batch (no cursor)
+  uint32_t batch_stride = 1, batch_offset = 0;  // deliver batches k with k % stride == offset
 };
 
 // Limits on what a request may ask for.
@@ -39,10 +43,12 @@ inline constexpr uint64_t kMaxMinibatchSize = 1ull << 24;
 inline constexpr uint64_t kMaxEpochs = 1ull << 32;
 inline constexpr uint32_t kMaxWorld = 1u << 16;
 inline constexpr uint32_t kMaxParallel = 1u << 16;
+inline constexpr uint32_t kMaxBatchStride = 1024;  // DataLoader workers sharing a stream
 
 struct ResolvedStream {
   LoaderOptions loader;
   Cursor identity;  // data/config hashes, seed, rank, world: what cursors of this stream carry
+  std::vector<std::string> warnings;  // for the reader's log (e.g. ranks the chunks would starve)
   std::string Encode(const CursorState& after) const;
 };
 

@@ -184,7 +184,7 @@ TEST(Cli, InspectCountsErrorsWithoutStopping) {
   dir.Write("d.ctf", "1 |a 1\n2 |a x\n3 |a 3\n");
   const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    deserializers: [{file: d.ctf, input: {a: {dim: 1, format: dense}}}]\n");
   CliRun r = Conveyor("inspect " + c + " --json");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.code, 1) << r.out;  // it found an input error: the status says so
   EXPECT_NE(r.out.find("\"sequences\":3,\"valid_sequences\":2,\"samples\":3,\"errors\":1,\"max_errors\":0"), std::string::npos) << r.out;
 }
 

@@ -111,6 +111,30 @@ class ManifestTest(unittest.TestCase):
                                  f"{where}: the socket directory must be a volume (writable, shareable)")
                 self.assertIn("/config", mounts, where)
 
+    def test_tcp_beyond_loopback_always_has_a_token(self):
+        """conveyord refuses a non-loopback address without a token: every workload that
+        listens beyond loopback names a token file (flag or its config's tokenFile)."""
+        maps = all_config_maps()
+        for f, d in workloads():
+            pod = d["spec"]["template"]["spec"]
+            config_maps = [v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v]
+            for c in pod["containers"]:
+                args = c["args"]
+                listen = args[args.index("--listen") + 1]
+                if listen.startswith("127.") or listen.startswith("localhost:"):
+                    continue
+                config = yaml.safe_load(maps[config_maps[0]]["conveyor.yaml"])
+                self.assertTrue("--token-file" in args or config.get("tokenFile"),
+                                f"{f}: {listen} without a token would not start")
+
+    def test_the_node_local_socket_admits_the_daemons_group(self):
+        """Trainer pods reach the node-local daemon as group 10001: the socket must be 0660."""
+        for f, d in workloads():
+            if d["kind"] != "DaemonSet":
+                continue
+            args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+            self.assertEqual(args[args.index("--unix-mode") + 1], "0660", f)
+
     def test_config_maps_referenced_exist_and_hold_the_config(self):
         maps = all_config_maps()
         for f, d in workloads():
@@ -165,6 +189,19 @@ class ManifestTest(unittest.TestCase):
 
 class SystemdTest(unittest.TestCase):
     UNIT = os.path.join(SOURCE, "deploy", "systemd", "conveyord.service")
+    CONFIG = os.path.join(SOURCE, "deploy", "systemd", "conveyor.yaml")
+
+    def test_the_shipped_configuration_loads_and_stays_on_loopback(self):
+        """/etc/conveyor/conveyor.yaml as the .deb installs it (examples under share/)."""
+        with open(self.CONFIG) as f:
+            text = f.read().replace("/usr/local/share/conveyor/examples/", os.path.join(SOURCE, "examples") + "/")
+        with tempfile.TemporaryDirectory() as tmp:
+            config = os.path.join(tmp, "conveyor.yaml")
+            with open(config, "w") as f:
+                f.write(text)
+            r = subprocess.run([CONVEYOR, "inspect", config], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(yaml.safe_load(text)["listen"].startswith("127.0.0.1:"))
 
     def test_unit_is_hardened(self):
         with open(self.UNIT) as f:

@@ -1,17 +1,23 @@
-// The CUDA assembler's host half: programs built from generated batches, run on the host,
-// give exactly the CPU assembler's bytes (what the kernels must then reproduce on the
-// device); copy items merge and split as promised; bad input is refused.
+// The CUDA assembler's host half: programs built from generated batches, run on the host
+// (the kernels' code on the host executor), give exactly the CPU assembler's bytes; copy
+// items merge and split as promised, long pieces, samples and decode runs are split into
+// bounded ops, CSR transposes take as many radix passes as their rows need; bad input is
+// refused.
 #include "cuda/assembly_program.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "common/formats/kaldi/kaldi_object.h"
 #include "gtest/gtest.h"
+#include "cuda/host_program.h"
 #include "tests/gpu/batch_cases.h"
+#include "tests/gpu/compressed_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace conveyor::gpu {
@@ -80,6 +86,75 @@ TEST(AssemblyProgram, TheStandardCasesCoverWhatTheyClaim) {
     wide8192 |= plan->shape.rows == 8192;
   }
   EXPECT_TRUE(csc && csr && dense_sparse && ids && nnz0 && wide8192 && dim1e6);
+}
+
+// The standard cases that exist to split work (batch_cases.cc) do: bounded ops, covering
+// each piece or sample exactly, and CSR transposes with 0 to 3 radix passes.
+TEST(AssemblyProgram, LongPiecesAndSamplesBecomeBoundedOpsAndCsrRowsTheirRadixPasses) {
+  bool split_piece = false, banded = false;
+  uint32_t most_passes = 0, fewest_passes = 99;
+  for (const auto& spec : StandardCases()) {
+    auto c = MakeBatchCase(spec, 1);
+    auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto prog = BuildAssemblyProgram(*plan, c.pieces);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    for (size_t i = 0; i < prog->csc_pieces.size(); ++i) {
+      const CscPieceOp& op = prog->csc_pieces[i];
+      EXPECT_LE(op.nnz, kCscPieceEntries);
+      if (op.skip > 0) {
+        split_piece = true;
+        ASSERT_GT(i, 0u);
+        const CscPieceOp& prev = prog->csc_pieces[i - 1];  // the piece's previous part, just before
+        EXPECT_EQ(prev.skip + prev.nnz, op.skip);
+        EXPECT_EQ(prev.first_col, op.first_col);
+        EXPECT_EQ(prev.src_rowind + prev.nnz * 4, op.src_rowind);
+      }
+    }
+    for (const ScatterOp& op : prog->scatters) {
+      EXPECT_LT(op.band, op.bands);
+      EXPECT_LE(op.bands, kMaxScatterBands);
+      banded |= op.bands > 1;
+    }
+    for (const TransposeOp& tr : prog->transposes) {
+      most_passes = std::max(most_passes, tr.passes);
+      fewest_passes = std::min(fewest_passes, tr.passes);
+      EXPECT_GE(uint64_t{1} << (kRadixBits * tr.passes), tr.dim) << spec.name;
+    }
+  }
+  EXPECT_TRUE(split_piece);
+  EXPECT_TRUE(banded);
+  EXPECT_EQ(most_passes, 3u);
+  EXPECT_EQ(fewest_passes, 0u);
+}
+
+// A CM (column headers) and a CM2 utterance of 1000 x 40: bands of kDecodeOpValues values,
+// sharing the CM's staged columns, covering every row once.
+TEST(AssemblyProgram, LongDecodeRunsBecomeBandsOfRows) {
+  std::mt19937 rng(3);
+  for (int format : {1, 2}) {
+    auto c = conveyor::testing::MakeCompressedCase({conveyor::testing::RandomCompressed(format, 1000, 40, rng)}, 0, 0,
+                                                   40, conveyor::testing::CompressedPieces::kUtterances, 1);
+    auto plan = PlanBatch(c.streams, Precision::kFloat, c.shape, c.pieces);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto prog = BuildAssemblyProgram(*plan, c.pieces);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    ASSERT_EQ(prog->decodes.size(), 3u);  // 409 + 409 + 182 rows
+    uint32_t rows = 0;
+    for (const DecodeOp& op : prog->decodes) {
+      EXPECT_LE(uint64_t{op.rows} * op.cols, kDecodeOpValues);
+      EXPECT_EQ(op.dst, prog->decodes[0].dst + uint64_t{rows} * 40 * 4);
+      if (format == 1) {
+        EXPECT_EQ(op.row0, rows);
+        EXPECT_EQ(op.column_rows, 1000u);
+        EXPECT_EQ(op.src, prog->decodes[0].src);
+      } else {
+        EXPECT_EQ(op.src, prog->decodes[0].src + uint64_t{rows} * 40 * 2);
+      }
+      rows += op.rows;
+    }
+    EXPECT_EQ(rows, 1000u);
+  }
 }
 
 TEST(AssemblyProgram, ConsecutiveRowsOfDenseFramesBecomeOneCopy) {

@@ -138,6 +138,16 @@ std::vector<CaseSpec> StandardCases() {
   add("bptt_mixed", 32, Mode::kBptt, 20, f,
       {{F::kDense, 8}, {F::kSparse, 5000, L::kNative, 0.1}, {F::kIds, 30}, {F::kSparse, 64, L::kCsr}});
   add("bptt_double_dense_sparse", 7, Mode::kBptt, 11, d, {{F::kDense, 3}, {F::kSparse, 12, L::kDense, 0.3, 5}}, 0.2);
+  // Many repeated indices in a sample: a CSR row's order for them is the CSC order.
+  add("sparse_csr_repeats", 64, Mode::kSequence, 5, f, {{F::kSparse, 5, L::kCsr, 0.1, 40}});
+  // One row: no radix pass at all (every entry is in row 0).
+  add("sparse_csr_one_row", 12, Mode::kFrame, 1, f, {{F::kSparse, 1, L::kCsr, 0.2, 3}});
+  // Rows past 2^20: three radix passes in the CSR transpose.
+  add("sparse_csr_wide_double", 40, Mode::kFrame, 1, d, {{F::kSparse, (1 << 20) + 3, L::kCsr, 0.2, 12}});
+  // Pieces past kCscPieceEntries entries, and sparse-as-dense samples past
+  // kScatterBandEntries: split over several blocks and threads.
+  add("sparse_csc_long_pieces", 6, Mode::kSequence, 300, f, {{F::kSparse, 5000, L::kNative, 0, 200}});
+  add("sparse_dense_long", 16, Mode::kFrame, 1, f, {{F::kSparse, 300, L::kDense, 0, 600}});
   add("everything_large", 8192, Mode::kFrame, 1, f,
       {{F::kDense, 64}, {F::kSparse, 1000000, L::kNative, 0.05, 40}, {F::kSparse, 30000, L::kCsr, 0.1, 10},
        {F::kIds, 100}, {F::kSparse, 256, L::kDense, 0, 8}});

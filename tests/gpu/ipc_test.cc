@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -76,6 +77,40 @@ TEST(CudaIpcGpu, AnotherProcessOpensTheBlockOnceAndReadsASlot) {
   ASSERT_TRUE(CopyMemory(answer.data(), static_cast<std::byte*>(*block) + kOffset + kBytes, kBytes).ok());
   for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(answer[i], static_cast<uint8_t>(Pattern(i) + 1)) << i;
   FreeMemory(MemoryKind::kDevice, *block, 0);
+}
+
+// The Python client (client/python/conveyor/cuda_ipc.py, the driver's cuDeviceGetUuid_v2 by
+// name) reads every device's UUID as DeviceUuid() does, so that a torch process finds the
+// daemon's device. The module is found at $CONVEYOR_PYTHON_CLIENT (the bundle's run.sh sets
+// it) or in this build's source tree.
+TEST(CudaIpcGpu, ThePythonClientReadsTheSameDeviceUuids) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  const char* env = std::getenv("CONVEYOR_PYTHON_CLIENT");
+  const std::string module =
+      std::string(env != nullptr && *env != 0 ? env : CONVEYOR_PYTHON_CLIENT_DIR) + "/conveyor/cuda_ipc.py";
+  if (access(module.c_str(), R_OK) != 0) GTEST_SKIP() << module << " not found (set CONVEYOR_PYTHON_CLIENT)";
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3 here";
+  const std::string command =
+      "python3 -c \"import ctypes, importlib.util, sys\n"
+      "s = importlib.util.spec_from_file_location('cuda_ipc', sys.argv[1])\n"
+      "m = importlib.util.module_from_spec(s)\n"
+      "s.loader.exec_module(m)\n"
+      "n = ctypes.c_int(0)\n"
+      "assert m._cudart().cudaGetDeviceCount(ctypes.byref(n)) == 0\n"
+      "print(' '.join(m.device_uuid(d).hex() for d in range(n.value)))\" '" + module + "'";
+  std::FILE* out = popen(command.c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string python;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), out) != nullptr) python += buf;
+  ASSERT_EQ(pclose(out), 0) << "the Python side failed: " << python;
+  std::string why, cpp;
+  for (int d = 0; d < CudaDeviceCount(&why); ++d) {
+    auto uuid = DeviceUuid(d);
+    ASSERT_TRUE(uuid.ok()) << uuid.status();
+    cpp += (d > 0 ? " " : "") + absl::BytesToHexString(*uuid);
+  }
+  EXPECT_EQ(python, cpp + "\n");
 }
 
 TEST(CudaIpcGpu, ChildHalf) {

@@ -1,6 +1,7 @@
 // Kaldi compressed matrices decoded on the device give bit for bit the floats of the CPU
 // decoder (itself checked against Kaldi in kaldi_golden_test): every CM/CM2/CM3 matrix in
-// tests/data/kaldi, and random matrices of each kind covering every byte value.
+// tests/data/kaldi, and random matrices of each kind covering every byte value. (The same
+// kernel on the host executor: host_kernels_test.cc.)
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -11,6 +12,7 @@
 #include "common/formats/kaldi/kaldi_table.h"
 #include "cuda/kaldi_cm_device.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/compressed_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace conveyor::gpu {
@@ -19,34 +21,6 @@ namespace {
 bool Compressed(kaldi::ObjectType t) {
   return t == kaldi::ObjectType::kCompressed1 || t == kaldi::ObjectType::kCompressed2 ||
          t == kaldi::ObjectType::kCompressed3;
-}
-
-template <typename T>
-void Put(std::string* s, T v) {
-  s->append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-
-// A random compressed matrix object: `format` 1 (CM), 2 (CM2) or 3 (CM3).
-std::string RandomCompressed(int format, int32_t rows, int32_t cols, std::mt19937& rng) {
-  std::string s("\0B", 2);
-  s += format == 1 ? "CM " : format == 2 ? "CM2 " : "CM3 ";
-  std::uniform_real_distribution<float> u(-50, 50);
-  const float min_value = u(rng), range = std::abs(u(rng)) + 0.001f;
-  Put(&s, min_value);
-  Put(&s, range);
-  Put(&s, rows);
-  Put(&s, cols);
-  if (format == 1) {
-    for (int32_t c = 0; c < cols; ++c) {
-      uint16_t p[4];
-      for (uint16_t& v : p) v = static_cast<uint16_t>(rng());
-      std::sort(p, p + 4);
-      for (uint16_t v : p) Put(&s, v);
-    }
-  }
-  const int width = format == 2 ? 2 : 1;
-  for (int64_t i = 0; i < int64_t{rows} * cols * width; ++i) s.push_back(static_cast<char>(rng()));
-  return s;
 }
 
 void ExpectDeviceMatchesCpu(const std::vector<CompressedJob>& jobs, uint64_t floats) {
@@ -94,7 +68,7 @@ TEST(DeviceCmDecoderGpu, RandomMatricesOfEachKindMatchTheCpuDecoderBitForBit) {
   std::vector<std::string> objects;
   for (int format : {1, 2, 3}) {
     for (auto [rows, cols] : std::vector<std::pair<int, int>>{{1, 1}, {1000, 40}, {3, 700}, {257, 13}, {5000, 1}}) {
-      objects.push_back(RandomCompressed(format, rows, cols, rng));
+      objects.push_back(conveyor::testing::RandomCompressed(format, rows, cols, rng));
     }
   }
   std::vector<CompressedJob> jobs;

@@ -174,8 +174,8 @@ class ClientTest(unittest.TestCase):
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         losses = []
         for i, batch in enumerate(torch.utils.data.DataLoader(ds, batch_size=None)):
-            x = batch["features"][:, 0, :]
-            y = batch["labels"][:, 0, :].argmax(dim=1)
+            x = batch["features"]  # single-sample sequences: [rows, dim]
+            y = batch["labels"].argmax(dim=1)
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -197,13 +197,13 @@ class ClientTest(unittest.TestCase):
             batch = next(iter(ds))
             self.assertEqual(batch["words"].layout, expected)
             self.assertEqual(tuple(batch["words"].shape), (5000, 64))
-        # Dense is laid out as a dense stream would be: [rows, T, dim].
+        # Dense is laid out as a dense stream would be: [rows, dim] for single-sample sequences.
         dense = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout="dense")))["words"]
         self.assertEqual(dense.layout, torch.strided)
-        self.assertEqual(tuple(dense.shape), (64, 1, 5000))
+        self.assertEqual(tuple(dense.shape), (64, 5000))
         csc = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64)))["words"]
         csr = next(iter(ConveyorDataset(self.address, "sparse", minibatch_size=64, sparse_layout="csr")))["words"]
-        self.assertTrue(torch.equal(csc.to_dense().T.reshape(64, 1, 5000), dense))
+        self.assertTrue(torch.equal(csc.to_dense().T.reshape(64, 5000), dense))
         self.assertTrue(torch.equal(csr.to_dense(), csc.to_dense()))
 
     def test_daemon_converts_layouts(self):

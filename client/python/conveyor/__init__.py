@@ -9,6 +9,7 @@
 and for PyTorch, conveyor.torch.ConveyorDataset (an IterableDataset with state_dict()).
 """
 
+from conveyor._version import __version__  # noqa: F401
 from conveyor.client import Batch, Client, ConveyorError, Subscription  # noqa: F401
 
-__all__ = ["Batch", "Client", "ConveyorError", "Subscription"]
+__all__ = ["Batch", "Client", "ConveyorError", "Subscription", "__version__"]

@@ -37,6 +37,8 @@ _DTYPES = {
     pb.DTYPE_INT32: np.int32,
     pb.DTYPE_INT64: np.int64,
     pb.DTYPE_UINT8: np.uint8,
+    pb.DTYPE_FLOAT16: np.float16,
+    pb.DTYPE_BFLOAT16: np.uint16,  # bfloat16 bits (numpy has no bfloat16; conveyor.torch views them as one)
 }
 
 
@@ -247,6 +249,7 @@ class Subscription:
 
     def _open(self):
         self._segments = {}  # a new stream announces its own segments
+        cuda_ipc.wait_released(held for _, held in self._releasing)  # readers of the old blocks first
         self._blocks = {}
         self._reader = StreamReader(self._client.max_batch_bytes, self._client.max_segment_bytes)
         self._requests = queue.Queue()
@@ -537,7 +540,8 @@ class Client:
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
-                  reconnect=True, transport="inline", layouts=None, cuda_device=None, minibatch_mode=None,
+                  reconnect=True, transport="inline", layouts=None, cuda_device=None, dtypes=None,
+                  distribution=None, first_epoch=None, batch_stride=1, batch_offset=0, minibatch_mode=None,
                   idle_timeout=60.0):
         """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after.
         transport="shm" (same host, through the daemon's unix socket): batches stay in the
@@ -546,9 +550,14 @@ class Client:
         default its --device) and they stay there: arrays are torch CUDA tensors over the
         daemon's slot, valid until the next batch is asked for (see Batch.release).
         `layouts`: {stream: "csc" | "csr" | "dense"} for sparse streams (the daemon converts;
-        default CSC). `minibatch_mode`: "partial" or "full" (default: the dataset's).
-        `idle_timeout` (seconds, None for none): a stream that receives nothing for this long
-        is treated as broken and resumed on the next daemon."""
+        default CSC). `dtypes`: {stream: "float16" | "bfloat16"}: values narrowed by the daemon
+        (bfloat16 arrays are uint16 bit patterns). `distribution`: "balanced" or "chunks" (how
+        ranks share a minibatch; default the dataset's). `first_epoch`: start at that epoch's
+        first batch. `batch_stride`/`batch_offset`: only batches k with k % stride == offset
+        (DataLoader workers sharing a stream; cursors stay the whole stream's).
+        `minibatch_mode`: "partial" or "full" (default: the dataset's). `idle_timeout`
+        (seconds, None for none): a stream that receives nothing for this long is treated as
+        broken and resumed on the next daemon."""
         transports = {"inline": pb.TRANSPORT_INLINE, "shm": pb.TRANSPORT_SHARED_MEMORY, "cuda": pb.TRANSPORT_CUDA_IPC}
         if transport not in transports:
             raise ValueError("transport must be 'inline', 'shm' or 'cuda'")
@@ -562,6 +571,20 @@ class Client:
                          transport=transports[transport])
         if cuda_device is not None:
             s.cuda_device = cuda_device
+        dtype_names = {"float16": pb.DTYPE_FLOAT16, "bfloat16": pb.DTYPE_BFLOAT16}
+        for stream, dtype in (dtypes or {}).items():
+            if dtype not in dtype_names:
+                raise ValueError(f"dtype of {stream!r} must be float16 or bfloat16, not {dtype!r}")
+            s.dtypes[stream] = dtype_names[dtype]
+        if distribution is not None:
+            if distribution not in ("balanced", "chunks"):
+                raise ValueError(f"distribution must be balanced or chunks, not {distribution!r}")
+            s.distribution = pb.DISTRIBUTION_BALANCED if distribution == "balanced" else pb.DISTRIBUTION_CHUNKS
+        if first_epoch is not None:
+            s.first_epoch = first_epoch
+        if not 0 <= batch_offset < batch_stride:
+            raise ValueError(f"batch_offset {batch_offset} must be below batch_stride {batch_stride}")
+        s.batch_stride, s.batch_offset = batch_stride, batch_offset
         for stream, layout in (layouts or {}).items():
             s.layouts[stream] = names[layout]
         if seed is not None:

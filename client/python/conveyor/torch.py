@@ -1,105 +1,502 @@
-"""PyTorch integration: an IterableDataset over a conveyord stream.
+"""PyTorch integration: ConveyorDataset, an IterableDataset over a conveyord stream.
 
-    ds = ConveyorDataset("127.0.0.1:7070", "train", minibatch_size=256, epochs=1)
-    # same host, GPU: ConveyorDataset("unix:/run/conveyor.sock", "train", transport="cuda")
-    #   batches are assembled on the daemon's GPU and arrive as CUDA tensors (no copy)
-    for batch in torch.utils.data.DataLoader(ds, batch_size=None):
-        x = batch["features"]          # dense: torch tensor sharing the batch's buffer
-        y = batch["labels"]            # sparse: torch.sparse_csc_tensor (or csr / dense)
-    state = ds.state_dict()            # {'cursor': ...}: load_state_dict(state) resumes after it
+    ds = ConveyorDataset("127.0.0.1:7070", "train", minibatch_size=256)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    for epoch in range(start, 10):
+        ds.set_epoch(epoch)                 # optional: iterating again continues anyway
+        for batch in loader:
+            x, y = batch["features"], batch["labels"]
+            ...
+            torch.save(ds.state_dict(), "ckpt")  # resumes exactly after this batch
 
-Each element is a dict: one entry per stream, plus "_lengths" (per stream, sequence mode)
-and "_cursor". Use batch_size=None in the DataLoader: minibatches come made.
+What a trainer gets, with the DataLoader habits it already has:
+
+- **Each sequence of an epoch exactly once**, with any `num_workers`: the DataLoader's
+  workers share the trainer's stream by batches (worker w of W takes batches w, w + W, ...,
+  which the daemon assembles for it alone), and the DataLoader hands them out in stream
+  order. `persistent_workers=True` is refused (its workers could not learn where the main
+  process stopped).
+- **Ranks** from an initialized `torch.distributed` group, else `RANK`/`WORLD_SIZE`, else
+  0 of 1; explicit `rank=`/`world=` win. `device="cuda"` means `cuda:$LOCAL_RANK`.
+- **Epochs**: one iteration is one epoch; iterating again continues with the next (the
+  daemon reshuffles each sweep with seed + sweep). `set_epoch(e)` as DistributedSampler has
+  it. Every batch carries `"_epoch"`, `"_batch"`, `"_end_of_epoch"`, `"_keys"` and
+  `"_cursor"`.
+- **state_dict()** in the main process, after any batch, resumes exactly after that batch
+  (`load_state_dict`), with any `num_workers`, world size (elastic) or daemon.
+- **Memory**: tensors own their memory or share it with nothing that is reused: inline
+  batches arrive in their own buffer; shared-memory batches are copied out of the daemon's
+  slot (one memcpy) before the slot is given back. In-place operations are fine.
+- **To the GPU**: `pin_memory=True` yields page-locked host tensors (torch's pinned memory
+  where CUDA is available, else mlock'ed pages), ready for `.cuda(non_blocking=True)`;
+  `device="cuda:N"` yields CUDA tensors, copied on a side stream while the previous batch is
+  in use. `transport="cuda"` (same host) delivers the daemon's device batches instead.
+- **Shapes**: dense streams `[rows, dim]` when the dataset's sequences are single samples
+  (or in frame mode), else `[rows, T, dim]` padded, with `"_lengths"[name]` (int64) and
+  `"_mask"[name]` (bool `[rows, T]`); ids int64 with padding `id_padding` (default -100,
+  what cross_entropy ignores); sparse streams as torch sparse CSC (or CSR/dense:
+  `sparse_layout`). `dtypes={"features": "float16"}` (or `"bfloat16"`) has the daemon narrow
+  a stream's values (round to nearest even from float32).
+
+Use `batch_size=None` in the DataLoader: minibatches come made.
 """
 
+import ctypes
+import mmap
+import os
+import sys
+import uuid
 import warnings
+import weakref
 
+import numpy as np
 import torch
 import torch.utils.data
 
-from conveyor.client import Client
+from conveyor.client import Batch, Client
 
 # torch 1.13 calls its (working) CSC support beta on every tensor made; once is enough.
 warnings.filterwarnings("once", message="Sparse CSC tensor support is in beta state")
-# Shared-memory batches are read-only views of the daemon's slots: tensors over them are
-# meant to be read (copy one to keep or modify it past the next batch).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+_FORMAT_SPARSE, _FORMAT_IDS = 1, 2
+_DTYPE_NAMES = ("float16", "bfloat16")
+
+# Datasets of this process by id: a batch's cursor unpickled in the main process (from a
+# DataLoader worker) reports to the dataset there.
+_LIVE = weakref.WeakValueDictionary()
+
+
+def distributed_rank_and_world(rank=None, world=None):
+    """(rank, world): explicit values win, else an initialized torch.distributed group, else
+    the RANK and WORLD_SIZE environment variables (torchrun's), else 0 of 1."""
+    if rank is not None and world is not None:
+        return int(rank), int(world)
+    r, w = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        r, w = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    elif "WORLD_SIZE" in os.environ:
+        r, w = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    r = r if rank is None else int(rank)
+    w = w if world is None else int(world)
+    if not 0 <= r < w:
+        raise ValueError(f"rank {r} is not in a world of {w}")
+    return r, w
+
+
+class _Cursor(str):
+    """A batch's cursor (a str). It also carries the batch's place in its iteration, so that
+    when a DataLoader worker's batch is unpickled in the main process, the dataset there
+    learns which batch arrived (ConveyorDataset.state_dict)."""
+
+    def __reduce__(self):
+        return _received_cursor, (str(self), getattr(self, "_receipt", None))
+
+
+def _received_cursor(text, receipt):
+    cursor = _Cursor(text)
+    cursor._receipt = receipt
+    if receipt is not None:
+        ds = _LIVE.get(receipt[0])
+        if ds is not None:
+            ds._received(receipt)
+    return cursor
+
+
+def _dataloader_iterator_in_stack():
+    """The DataLoader iterator being created on this thread's stack (it forks or pickles its
+    workers from its __init__ or _reset), or None."""
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+    except ImportError:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, _BaseDataLoaderIter):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _before_fork():
+    it = _dataloader_iterator_in_stack()
+    ds = getattr(it, "_dataset", None) if it is not None else None
+    if isinstance(ds, ConveyorDataset):
+        ds._workers_starting(it)
+
+
+os.register_at_fork(before=_before_fork)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _page_locked(nbytes):
+    """A writable page-locked host buffer of nbytes: torch's pinned memory when CUDA is
+    available (what .cuda(non_blocking=True) needs), else anonymous pages locked with mlock."""
+    if torch.cuda.is_available():
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True).numpy()
+    buf = mmap.mmap(-1, max(nbytes, 1))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    if _libc.mlock(ctypes.c_void_p(address), ctypes.c_size_t(len(buf))) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pin_memory: mlock of {nbytes} bytes failed ({os.strerror(err)}); raise the "
+                           "memlock limit (ulimit -l) or leave pin_memory off")
+    return np.frombuffer(buf, dtype=np.uint8)  # the mapping lives as long as the array
+
+
+class ConveyorDataset(torch.utils.data.IterableDataset):
+    """Minibatches of one conveyord stream as dicts of torch tensors (see the module's
+    docstring). Arguments:
+
+    address, dataset: the daemon ("host:port", "unix:/path", several separated by commas) and
+        the dataset it serves.
+    minibatch_size: samples of the global minibatch (all ranks together).
+    epochs: None (default: iterate as many epochs as you like) or N: iterations after epoch
+        N - 1 yield nothing.
+    rank, world: this trainer's share (default: torch.distributed, else RANK/WORLD_SIZE).
+    distribution: "balanced" (every rank's batch within one sequence of minibatch/world) or
+        "chunks" (CNTK's decimation by chunk: a rank parses only its own chunks); default: the
+        dataset's.
+    transport: "inline", "shm" (same host; copied out of the daemon's slot) or "cuda"
+        (same host; the daemon's device batches, no copy).
+    pin_memory: page-locked host tensors. device: "cuda", "cuda:N" or a torch.device: CUDA
+        tensors copied on a side stream.
+    sparse_layout: "csc" (default), "csr" or "dense" for every sparse stream.
+    dtypes: {stream: "float16" | "bfloat16"}: values narrowed by the daemon.
+    id_padding: the value of padded steps of ids streams (default -100).
+    Other keyword arguments (seed, randomize, frame_mode, truncation, parallel, epoch_size,
+    credits, token, root_certificates, layouts, ...) go to the subscription.
+    """
+
+    def __init__(self, address, dataset, minibatch_size=256, epochs=None, *, rank=None, world=None,
+                 distribution=None, transport="inline", pin_memory=False, device=None, sparse_layout="csc",
+                 dtypes=None, id_padding=-100, **subscribe_args):
+        super().__init__()
+        if sparse_layout not in ("csc", "csr", "dense"):
+            raise ValueError(f"sparse_layout must be csc, csr or dense, not {sparse_layout!r}")
+        if transport not in ("inline", "shm", "cuda"):
+            raise ValueError(f"transport must be inline, shm or cuda, not {transport!r}")
+        for name, dt in (dtypes or {}).items():
+            if dt not in _DTYPE_NAMES:
+                raise ValueError(f"dtypes[{name!r}] must be float16 or bfloat16, not {dt!r}")
+        if distribution not in (None, "balanced", "chunks"):
+            raise ValueError(f"distribution must be balanced or chunks, not {distribution!r}")
+        if epochs is not None and epochs < 1:
+            raise ValueError("epochs must be at least 1 (or None: no limit)")
+        self.address = address
+        self.dataset = dataset
+        self.minibatch_size = minibatch_size
+        self.epochs = epochs
+        self.rank, self.world = distributed_rank_and_world(rank, world)
+        self.distribution = distribution
+        self.transport = transport
+        self.pin_memory = bool(pin_memory)
+        self.device = self._resolve_device(device)
+        self.sparse_layout = sparse_layout
+        self.dtypes = dict(dtypes or {})
+        self.id_padding = id_padding
+        self.subscribe_args = dict(subscribe_args)
+        self._uid = uuid.uuid4().hex
+        _LIVE[self._uid] = self
+        # Where the next iteration starts: after `cursor`, in `epoch` (no cursor: its start).
+        self._position = {"cursor": "", "epoch": 0}
+        self._iteration = 0           # iterations begun in this process
+        self._iterator = None         # weakref: the DataLoader iterator of a worker iteration
+        self._base = dict(self._position)  # where that iteration started
+        self._receipts = {}           # its batches received here: index -> (cursor, epoch, end)
+        self._worker_iterations = 0   # in a worker: iterations run (persistent workers refused)
+
+    # ------------------------------------------------------------------ position and state
+
+    @staticmethod
+    def _resolve_device(device):
+        if device is None:
+            return None
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, not {device}; CPU tensors are the default")
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r} needs a CUDA device, and torch sees none "
+                             "(torch.cuda.is_available() is False); leave device unset for CPU tensors")
+        return device
+
+    @staticmethod
+    def _after(cursor, epoch, end_of_epoch):
+        return {"cursor": str(cursor), "epoch": epoch + 1 if end_of_epoch else epoch}
+
+    def _current(self):
+        """Where the stream stands after the last batch handed to the user."""
+        it = self._iterator() if self._iterator is not None else None
+        if it is None:
+            return dict(self._position)
+        n = getattr(it, "_num_yielded", 0)
+        if n == 0:
+            return dict(self._base)
+        receipt = self._receipts.get(n - 1)
+        if receipt is None:
+            raise RuntimeError(f"conveyor: batch {n - 1} of this epoch was yielded by the DataLoader but never "
+                               "reported to the dataset in the main process; call state_dict() on the dataset "
+                               "you gave the DataLoader")
+        return self._after(*receipt)
+
+    def _commit(self):
+        self._position = self._current()
+        self._iterator = None
+        self._receipts = {}
+
+    def _workers_starting(self, it):
+        """A DataLoader iterator is starting workers for this dataset (called in the main
+        process before each fork, or when the dataset is pickled for a spawned worker)."""
+        current = self._iterator() if self._iterator is not None else None
+        if current is it:
+            return
+        self._commit()
+        self._iteration += 1
+        self._iterator = weakref.ref(it)
+        self._base = dict(self._position)
+
+    def _received(self, receipt):
+        """A worker's batch arrived in this (main) process."""
+        _, iteration, index, cursor, epoch, end = receipt
+        if iteration != self._iteration:
+            return
+        self._receipts[index] = (cursor, epoch, end)
+        it = self._iterator() if self._iterator is not None else None
+        if it is not None and len(self._receipts) > 64:  # keep the batches not yet handed out
+            done = getattr(it, "_num_yielded", 0) - 1
+            for k in [k for k in self._receipts if k < done]:
+                del self._receipts[k]
+
+    def state_dict(self):
+        """Where the stream stands after the last batch the DataLoader (or a plain loop)
+        handed out: load_state_dict(state) continues exactly after it."""
+        pos = self._current()
+        return {"cursor": pos["cursor"], "epoch": pos["epoch"], "dataset": self.dataset}
+
+    def load_state_dict(self, state):
+        if state.get("dataset", self.dataset) != self.dataset:
+            raise ValueError(f"this state is of dataset {state['dataset']!r}, not {self.dataset!r}")
+        self._iterator = None
+        self._receipts = {}
+        self._position = {"cursor": state.get("cursor") or "", "epoch": int(state.get("epoch", 0))}
+
+    def set_epoch(self, epoch):
+        """Start the next iteration at epoch `epoch` (as DistributedSampler.set_epoch), unless
+        the stream already stands inside that epoch (a resumed state): then continue there."""
+        self._commit()
+        if self._position["epoch"] != epoch:
+            self._position = {"cursor": "", "epoch": int(epoch)}
+
+    def __getstate__(self):
+        # A spawned worker: pickled by the DataLoader iterator starting it.
+        it = _dataloader_iterator_in_stack()
+        if it is not None and getattr(it, "_dataset", None) is self:
+            self._workers_starting(it)
+        state = dict(self.__dict__)
+        state["_iterator"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _LIVE[self._uid] = self
+
+    # ------------------------------------------------------------------ iteration
+
+    def _subscription(self, client, start, stride, offset):
+        args = dict(self.subscribe_args)
+        layouts = dict(args.pop("layouts", None) or {})
+        desc = client.describe(self.dataset)
+        if self.sparse_layout != "csc":
+            for s in desc.streams:
+                if s.format == _FORMAT_SPARSE:
+                    layouts.setdefault(s.name, self.sparse_layout)
+        frame_mode = args.get("frame_mode")
+        frame_mode = desc.frame_mode if frame_mode is None else frame_mode
+        # Single-sample sequences (or frames) are delivered [rows, dim], without a time axis.
+        self._single = bool(frame_mode) or (desc.samples == desc.sequences and not args.get("truncation"))
+        kwargs = dict(minibatch_size=self.minibatch_size, rank=self.rank, world=self.world,
+                      transport=self.transport, layouts=layouts, **args)
+        if self.dtypes:
+            kwargs["dtypes"] = self.dtypes
+        if self.distribution is not None:
+            kwargs["distribution"] = self.distribution
+        if stride > 1:
+            kwargs["batch_stride"], kwargs["batch_offset"] = stride, offset
+        if start["cursor"]:
+            kwargs["resume"] = start["cursor"]
+        else:
+            kwargs["first_epoch"] = start["epoch"]
+        return client.subscribe(self.dataset, epochs=start["epoch"] + 1, **kwargs)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is None:  # the main process: no DataLoader workers
+            self._commit()
+            self._iteration += 1
+            start, stride, offset = dict(self._position), 1, 0
+        else:
+            if self._worker_iterations > 0:
+                raise RuntimeError(
+                    "conveyor: ConveyorDataset cannot run in persistent DataLoader workers: a worker would not "
+                    "know where the main process stopped, and could repeat or skip batches. Use "
+                    "persistent_workers=False (the default); the daemon keeps the parsed chunks, so new workers "
+                    "start at once")
+            if self.device is not None or self.pin_memory:
+                raise RuntimeError(
+                    "conveyor: device= and pin_memory=True act in the process that iterates; with DataLoader workers "
+                    "ask the DataLoader instead (DataLoader(..., pin_memory=True)) and move batches with "
+                    ".cuda(non_blocking=True) in the loop, or use num_workers=0")
+            self._worker_iterations += 1
+            start, stride, offset = dict(self._position), info.num_workers, info.id
+        if self.epochs is not None and start["epoch"] >= self.epochs:
+            return
+        client = Client(self.address, **{k: self.subscribe_args[k] for k in ("token", "root_certificates", "server_name")
+                                         if k in self.subscribe_args})
+        for k in ("token", "root_certificates", "server_name"):
+            self.subscribe_args.pop(k, None)
+        sub = self._subscription(client, start, stride, offset)
+        pending = None  # device: the batch whose copy is in flight
+        try:
+            for k, batch in enumerate(sub):
+                index = offset + stride * k
+                out = self._tensors(batch)
+                cursor = _Cursor(batch.cursor)
+                cursor._receipt = (self._uid, self._iteration, index, batch.cursor, batch.epoch, batch.end_of_epoch)
+                out["_cursor"] = cursor
+                out["_epoch"] = batch.epoch
+                out["_batch"] = batch.index
+                out["_end_of_epoch"] = batch.end_of_epoch
+                out["_keys"] = batch.keys()
+                if self.device is not None:
+                    out = self._to_device(out)
+                    if pending is not None:
+                        yield self._handed_out(pending, info)
+                    pending = out
+                    continue
+                yield self._handed_out(out, info)
+            if pending is not None:
+                yield self._handed_out(pending, info)
+        finally:
+            sub.close()
+            client.close()
+
+    def _handed_out(self, out, info):
+        if info is None:  # the main process: the position moves with each batch handed out
+            r = out["_cursor"]._receipt
+            self._position = self._after(r[3], r[4], r[5])
+        ready = out.pop("_ready", None)
+        if ready is not None:  # the consumer's work on this batch waits for its copy
+            torch.cuda.current_stream(self.device).wait_event(ready)
+        return out
+
+    # ------------------------------------------------------------------ conversion
+
+    def _owned(self, batch):
+        """A batch whose bytes nothing else will reuse: shared-memory slots are copied out
+        (the daemon refills a slot once it is acknowledged); pin_memory copies into
+        page-locked memory."""
+        if batch.on_device:
+            return batch
+        if self.transport != "shm" and not self.pin_memory:
+            return batch  # inline: the batch's own buffer
+        nbytes = batch.descriptor.total_bytes
+        buf = _page_locked(nbytes) if self.pin_memory else np.empty(nbytes, dtype=np.uint8)
+        buf[:nbytes] = np.frombuffer(batch.buffer, dtype=np.uint8, count=nbytes)
+        return Batch(batch.descriptor, memoryview(buf)[:nbytes])
+
+    def _tensors(self, batch):
+        batch = self._owned(batch)
+        out, lengths, masks = {}, {}, {}
+        for s in batch.descriptor.streams:
+            lens = batch.lengths(s.name)
+            lens = None if lens is None else _tensor(lens).long()
+            single = self._single and s.sequence_axis and s.max_length <= 1 and not batch.descriptor.steps
+            if s.format == _FORMAT_SPARSE and batch.layout(s.name) != "dense":
+                out[s.name] = _sparse(batch, s.name)
+            elif s.format == _FORMAT_IDS:
+                ids = _tensor(batch.ids(s.name)).long()
+                if single:
+                    ids = ids.reshape(ids.shape[0])
+                elif lens is not None and ids.dim() == 2:
+                    pad = torch.arange(ids.shape[1], device=ids.device)[None, :] >= lens.to(ids.device)[:, None]
+                    ids = ids.masked_fill(pad, self.id_padding)
+                out[s.name] = ids
+            else:
+                values = _dense_tensor(batch, s)
+                if single:
+                    values = values.reshape(values.shape[0], values.shape[-1])
+                out[s.name] = values
+            if lens is not None and not single:
+                lengths[s.name] = lens
+                masks[s.name] = torch.arange(max(int(s.max_length), 1))[None, :] < lens.cpu()[:, None]
+        out["_lengths"] = lengths
+        out["_mask"] = masks
+        return out
+
+    def _to_device(self, out):
+        """Copies the batch's tensors to self.device on a side stream; the consumer's stream
+        waits for the copy when the batch is handed out."""
+        if not hasattr(self, "_copy_stream"):
+            self._copy_stream = torch.cuda.Stream(self.device)
+        moved = {}
+        with torch.cuda.stream(self._copy_stream):
+            for k, v in out.items():
+                moved[k] = _move(v, self.device)
+        ready = torch.cuda.Event()
+        ready.record(self._copy_stream)
+        for v in moved.values():
+            _record(v, torch.cuda.current_stream(self.device))
+        moved["_ready"] = ready
+        return moved
 
 
 def _tensor(a):
     """numpy views become tensors sharing their memory; device batches are tensors already."""
-    return a if a is None or isinstance(a, torch.Tensor) else torch.from_numpy(a)
+    if a is None or isinstance(a, torch.Tensor):
+        return a
+    if not a.flags.writeable:
+        a = a.copy()  # never hand out a tensor over memory the client may not own
+    return torch.from_numpy(a)
+
+
+def _dense_tensor(batch, s):
+    a = batch.dense(s.name)
+    if isinstance(a, np.ndarray) and a.dtype == np.uint16:  # bfloat16 bits (numpy has no bfloat16)
+        return _tensor(a.view(np.int16)).view(torch.bfloat16)
+    return _tensor(a)
 
 
 def _sparse(batch, name):
     """A sparse stream as the daemon delivered it (it converts to the layout asked for)."""
     layout = batch.layout(name)
-    if layout == "dense":
-        return _tensor(batch.dense(name))
     if layout == "csr":
         rowptr, colind, values, (dim, columns) = batch.csr(name)
-        return torch.sparse_csr_tensor(_tensor(rowptr).long(), _tensor(colind).long(), _tensor(values), size=(dim, columns))
+        return torch.sparse_csr_tensor(_tensor(rowptr).long(), _tensor(colind).long(), _values(values),
+                                       size=(dim, columns))
     colptr, rowind, values, (dim, columns) = batch.csc(name)
-    return torch.sparse_csc_tensor(_tensor(colptr).long(), _tensor(rowind).long(), _tensor(values), size=(dim, columns))
+    return torch.sparse_csc_tensor(_tensor(colptr).long(), _tensor(rowind).long(), _values(values),
+                                   size=(dim, columns))
 
 
-class ConveyorDataset(torch.utils.data.IterableDataset):
-    """Minibatches of one conveyord stream as dicts of torch tensors.
+def _values(a):
+    if isinstance(a, np.ndarray) and a.dtype == np.uint16:
+        return _tensor(a.view(np.int16)).view(torch.bfloat16)
+    return _tensor(a)
 
-    Dense streams are zero-copy views of the received buffer; sparse streams become
-    torch.sparse_csc_tensor (sparse_layout="csc", one column per (row, step)), or
-    torch.sparse_csr_tensor / a dense tensor (sparse_layout="csr" / "dense": the daemon
-    converts, so the trainer does no conversion work).
-    state_dict() carries the cursor of the last batch yielded, so a restarted job continues
-    exactly after it (on any daemon serving the dataset).
-    """
 
-    def __init__(self, address, dataset, minibatch_size=256, epochs=1, sparse_layout="csc", **subscribe_args):
-        super().__init__()
-        if sparse_layout not in ("csc", "csr", "dense"):
-            raise ValueError(f"sparse_layout must be csc, csr or dense, not {sparse_layout!r}")
-        self.address = address
-        self.dataset = dataset
-        self.minibatch_size = minibatch_size
-        self.epochs = epochs
-        self.sparse_layout = sparse_layout
-        self.subscribe_args = subscribe_args
-        self._cursor = None
+def _move(v, device):
+    if isinstance(v, torch.Tensor):
+        return v.to(device, non_blocking=True)
+    if isinstance(v, dict):
+        return {k: _move(x, device) for k, x in v.items()}
+    return v
 
-    def state_dict(self):
-        return {"cursor": self._cursor or ""}
 
-    def load_state_dict(self, state):
-        self._cursor = state.get("cursor") or None
-
-    def __iter__(self):
-        client = Client(self.address)
-        args = dict(self.subscribe_args)
-        layouts = dict(args.pop("layouts", None) or {})
-        if self.sparse_layout != "csc":
-            for s in client.describe(self.dataset).streams:
-                if s.format == 1:  # FORMAT_SPARSE
-                    layouts.setdefault(s.name, self.sparse_layout)
-        sub = client.subscribe(self.dataset, minibatch_size=self.minibatch_size, epochs=self.epochs,
-                               resume=self._cursor, layouts=layouts, **args)
-        try:
-            for batch in sub:
-                out = {}
-                lengths = {}
-                for s in batch.descriptor.streams:
-                    if s.format == 1:  # FORMAT_SPARSE
-                        out[s.name] = _sparse(batch, s.name)
-                    elif s.format == 2:  # FORMAT_IDS: int64, what embedding and loss functions index with
-                        out[s.name] = _tensor(batch.ids(s.name)).long()
-                    else:
-                        out[s.name] = _tensor(batch.dense(s.name))
-                    l = batch.lengths(s.name)
-                    if l is not None:
-                        lengths[s.name] = _tensor(l)
-                out["_lengths"] = lengths
-                out["_cursor"] = batch.cursor
-                self._cursor = batch.cursor
-                yield out
-        finally:
-            sub.close()
-            client.close()
+def _record(v, stream):
+    if isinstance(v, torch.Tensor) and v.is_cuda:
+        v.record_stream(stream)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _record(x, stream)

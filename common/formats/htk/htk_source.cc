@@ -3,11 +3,11 @@
 #include <charconv>
 #include <cstring>
 #include <type_traits>
-#include <filesystem>
 #include <map>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_path.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
 #include "common/text_lines.h"
@@ -115,7 +115,7 @@ absl::StatusOr<HtkScpEntry> ParseHtkScpLine(std::string_view line, const std::st
   }
   if (physical.empty()) return absl::InvalidArgumentError("no file name");
   if (physical.substr(0, 4) == ".../") {
-    e.path = (std::filesystem::path(scp_dir) / std::string(physical.substr(4))).string();
+    e.path = JoinPath(scp_dir, physical.substr(4));
   } else {
     e.path = std::string(physical);
   }
@@ -305,7 +305,7 @@ class HtkFeatureSource final : public KeyedSource {
     StreamConfig& sc = streams_[0];
     scp_ = sc.scp_file;
     ASSIGN_OR_RETURN(std::string text, ReadFileToString(scp_));
-    const std::string scp_dir = std::filesystem::path(scp_).parent_path().string();
+    const std::string scp_dir = ParentDir(scp_);
     std::map<std::string, uint32_t> by_path;
     std::unordered_map<std::string, int> seen;
     std::vector<Entry> all;
@@ -331,12 +331,8 @@ class HtkFeatureSource final : public KeyedSource {
         continue;
       }
       std::string path = e->path;
-      if (std::filesystem::path(path).is_relative()) {
-        std::string p = (std::filesystem::path(base_dir) / path).string();
-        if (!std::filesystem::exists(p) && std::filesystem::exists(std::filesystem::path(scp_dir) / path))
-          p = (std::filesystem::path(scp_dir) / path).string();
-        path = p;
-      }
+      // As for Kaldi scp files: the configuration's directory, then the scp file's.
+      path = ResolveAgainst(path, {base_dir, scp_dir});
       auto it = by_path.find(path);
       if (it == by_path.end()) {
         auto map = MappedFile::Open(path);

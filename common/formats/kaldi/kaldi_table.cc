@@ -2,11 +2,11 @@
 
 #include <charconv>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/file_path.h"
 #include "common/status_macros.h"
 #include "common/text_lines.h"
 
@@ -177,12 +177,11 @@ absl::StatusOr<uint32_t> KaldiTable::SourceFor(const std::string& rx, const std:
     sources_.back().bytes = sources_.back().owned;
     return static_cast<uint32_t>(sources_.size() - 1);
   }
-  namespace fs = std::filesystem;
-  std::string path = rx;
-  if (fs::path(rx).is_relative()) {
-    path = (fs::path(base_dir_) / rx).string();
-    if (!scp_dir.empty() && !fs::exists(path) && fs::exists(fs::path(scp_dir) / rx)) path = (fs::path(scp_dir) / rx).string();
-  }
+  // docs/formats.md, "Kaldi tables": a relative rxfilename is looked for in the
+  // configuration's directory, then (named by an scp file) in the scp file's directory.
+  std::vector<std::string> dirs{base_dir_};  // "": the working directory
+  if (!scp_dir.empty() && scp_dir != base_dir_) dirs.push_back(scp_dir);
+  const std::string path = ResolveAgainst(rx, dirs);
   for (uint32_t i = 0; i < sources_.size(); ++i)
     if (sources_[i].name == path) return i;
   ASSIGN_OR_RETURN(s.file, MappedFile::Open(path));
@@ -202,7 +201,7 @@ absl::StatusOr<std::unique_ptr<KaldiTable>> KaldiTable::Open(const std::string& 
       return absl::InvalidArgumentError(absl::StrCat("rspecifier '", rspecifier, "': an scp file must be a file"));
     }
     std::string path = t->spec_.rxfilename;
-    if (std::filesystem::path(path).is_relative()) path = (std::filesystem::path(options.base_dir) / path).string();
+    path = JoinPath(options.base_dir, path);
     RETURN_IF_ERROR(t->ReadScp(path, options));
   } else {
     std::string_view file;
@@ -294,7 +293,9 @@ absl::Status KaldiTable::ReadArchive(uint32_t src, const TableOptions& options) 
 
 absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> scp, MappedFile::Open(path));
-  const std::string scp_dir = std::filesystem::path(path).parent_path().string();
+  const std::string scp_dir = ParentDir(path);
+  uint64_t unopened = 0;  // entries whose file could not be opened
+  std::string first_unopened;
   std::string_view text = scp->bytes();
   LineReader lines(text);
   std::string_view raw;
@@ -356,6 +357,7 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
     }
     auto src = SourceFor(std::string(file), scp_dir);
     if (!src.ok()) {
+      if (unopened++ == 0) first_unopened = std::string(src.status().message());
       RETURN_IF_ERROR(fail(std::string(src.status().message())));
       continue;
     }
@@ -392,6 +394,14 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
     if (options.progress && (line_no & 1023) == 0) options.progress(lines.offset(), text.size());
   }
   if (options.progress) options.progress(text.size(), text.size());
+  if (entries_.empty() && unopened > 0) {
+    // Every file the table names is missing: a path rule, not bad data; one error says which.
+    return absl::NotFoundError(absl::StrCat(
+        path, ": none of the files its entries name could be opened (", unopened, " entries; the first: ",
+        first_unopened, "). A relative file name in an scp file is looked for in the configuration's directory ('",
+        base_dir_.empty() ? "." : base_dir_, "'), then in the scp file's ('", scp_dir.empty() ? "." : scp_dir,
+        "'): give absolute paths, or put the configuration where the scp's paths start"));
+  }
   return absl::OkStatus();
 }
 

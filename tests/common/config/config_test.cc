@@ -302,3 +302,101 @@ TEST(Config, BrainScriptSyntaxErrorsNameTheLine) {
 
 }  // namespace
 }  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+// Every key the suggestions offer is one the converter takes (the lists and the parsing code
+// are written apart): given some value, a key is never reported unknown.
+TEST(ConfigKeys, EveryListedKeyIsAccepted) {
+  const ConfigKeys& keys = KnownConfigKeys();
+  auto not_unknown = [](const std::string& yaml, const std::string& key) {
+    auto c = ParseConfig(yaml, "k.yaml", "/data/");
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().message().find("unknown key"), std::string_view::npos) << key << ": " << c.status();
+    }
+  };
+  const std::string stream = "input: {f: {dim: 2, format: dense}}";
+  for (const std::string& k : keys.top) not_unknown(k + ": 1\ndatasets: {a: {file: a.ctf, " + stream + "}}\n", k);
+  for (const std::string& k : keys.tls) not_unknown("tls: {" + k + ": x}\ndatasets: {a: {file: a.ctf, " + stream + "}}\n", k);
+  for (const std::string& k : keys.server)
+    not_unknown("server: {" + k + ": 1}\ndatasets: {a: {file: a.ctf, " + stream + "}}\n", k);
+  for (const std::string& k : keys.dataset) not_unknown("datasets: {a: {" + k + ": 1, file: a.ctf, " + stream + "}}\n", k);
+  for (const std::string& k : keys.deserializer)
+    not_unknown("datasets: {a: {deserializers: [{" + k + ": 1, file: a.ctf, " + stream + "}]}}\n", k);
+  for (const std::string& k : keys.stream)
+    not_unknown("datasets: {a: {file: a.ctf, input: {f: {dim: 2, format: dense, " + k + ": 1}}}}\n", k);
+  // And a key outside the lists is unknown, with the closest one suggested.
+  auto typo = ParseConfig("datasets: {a: {file: a.ctf, input: {f: {dim: 2, fromat: dense}}}}\n", "k.yaml", "/data/");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("unknown key 'fromat' in input 'f' (did you mean 'format'?)"), std::string_view::npos)
+      << typo.status();
+}
+
+TEST(ConfigKeys, UnknownKeysSuggestTheClosestOneInEachBlock) {
+  const std::string ds = "file: a.ctf, input: {f: {dim: 2, format: dense}}";
+  struct Case {
+    std::string yaml, expected;
+  };
+  const Case cases[] = {
+      {"datasetz: {a: {" + ds + "}}\n", "unknown top-level key 'datasetz' (did you mean 'datasets'?)"},
+      {"server: {maxSubscription: 3}\ndatasets: {a: {" + ds + "}}\n", "(did you mean 'maxSubscriptions'?)"},
+      {"datasets: {a: {randomizationSead: 3, " + ds + "}}\n", "(did you mean 'randomizationSeed'?)"},
+      {"datasets: {a: {chunksize: 3, " + ds + "}}\n", "(did you mean 'chunkSizeInBytes'?)"},
+      {"datasets: {a: {deserializers: [{rspecfier: x, " + ds + "}]}}\n", "(did you mean 'rspecifier'?)"},
+      {"datasets: {a: {zzzzzzzz: 1, " + ds + "}}\n", "unknown key 'zzzzzzzz' in dataset 'a'"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseConfig(c.yaml, "k.yaml", "/data/");
+    ASSERT_FALSE(r.ok()) << c.yaml;
+    EXPECT_NE(r.status().message().find(c.expected), std::string_view::npos) << r.status();
+  }
+  auto none = ParseConfig("datasets: {a: {zzzzzzzz: 1, " + ds + "}}\n", "k.yaml", "/data/");
+  EXPECT_EQ(none.status().message().find("did you mean"), std::string_view::npos) << none.status();
+}
+
+TEST(ConfigYaml, AliasesAreBoundedInDepthAndExpansion) {
+  auto loop = ParseConfig("a: &a [*a]\n", "loop.yaml", "");
+  ASSERT_FALSE(loop.ok());
+  EXPECT_NE(loop.status().message().find("loop.yaml:1:4: the configuration nests deeper than 64 levels"),
+            std::string_view::npos)
+      << loop.status();
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  std::string prev = "a";
+  for (int i = 0; i < 9; ++i) {
+    const std::string name = "b" + std::to_string(i);
+    bomb += name + ": &" + name + " [";
+    for (int j = 0; j < 9; ++j) bomb += (j ? ", *" : "*") + prev;
+    bomb += "]\n";
+    prev = name;
+  }
+  auto expanded = ParseConfig(bomb, "bomb.yaml", "");  // 9^10 values written in ~500 bytes
+  ASSERT_FALSE(expanded.ok());
+  EXPECT_NE(expanded.status().message().find("expands to too many values"), std::string_view::npos) << expanded.status();
+  // Moderate reuse still works: one block used by two datasets.
+  auto reuse = ParseConfig(
+      "common: &input {f: {dim: 2, format: dense}}\ndatasets:\n  a: {file: a.ctf, input: *input}\n  b: {file: b.ctf, input: *input}\n",
+      "reuse.yaml", "");
+  EXPECT_FALSE(reuse.ok());  // 'common' is not a key: aliases need a home inside the schema
+  auto reuse2 = ParseConfig(
+      "datasets:\n  a: {file: a.ctf, input: &input {f: {dim: 2, format: dense}}}\n  b: {file: b.ctf, input: *input}\n",
+      "reuse.yaml", "");
+  ASSERT_TRUE(reuse2.ok()) << reuse2.status();
+  EXPECT_EQ(reuse2->datasets.size(), 2u);
+  EXPECT_EQ(reuse2->datasets[1].deserializers[0].streams[0].dim, 2u);
+}
+
+TEST(ConfigServer, UnixSocketModeAndInsecure) {
+  const std::string ds = "datasets: {a: {file: a.ctf, input: {f: {dim: 2, format: dense}}}}\n";
+  auto c = ParseConfig("insecure: true\nserver: {unixSocketMode: \"0660\"}\n" + ds, "s.yaml", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->insecure);
+  EXPECT_EQ(c->server.unix_socket_mode, 0660);
+  for (const char* bad : {"0666", "0700", "0606", "9", "rw"}) {
+    auto b = ParseConfig(std::string("server: {unixSocketMode: \"") + bad + "\"}\n" + ds, "s.yaml", "");
+    EXPECT_FALSE(b.ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace conveyor

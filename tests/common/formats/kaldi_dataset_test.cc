@@ -3,6 +3,7 @@
 // missing on one side, frame-count mismatches, empty entries, one-hot labels out of range and
 // dims that disagree are skipped and counted, or are errors when maxErrors says so.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
@@ -406,6 +408,67 @@ TEST(KaldiDataset, ConfigurationIsChecked) {
   auto piped = Dataset::Open(c->datasets[0]);
   ASSERT_TRUE(piped.ok()) << piped.status();
   EXPECT_EQ((*piped)->index().sequences.size(), 50u);
+}
+
+}  // namespace
+}  // namespace conveyor::testing
+
+namespace conveyor::testing {
+namespace {
+
+// docs/formats.md, "Relative paths": an scp entry's relative file is looked for in the
+// configuration's directory first, then in the scp file's directory.
+TEST(KaldiDataset, RelativeScpPathsResolveAgainstTheConfigThenTheScpDirectory) {
+  TempDir dir;
+  ::mkdir((dir.path() + "/recipe").c_str(), 0700);
+  ::mkdir((dir.path() + "/recipe/data").c_str(), 0700);
+  ::mkdir((dir.path() + "/lists").c_str(), 0700);
+  const std::string ark = ReadFile(KaldiDir() + "/feats.ark");
+  dir.Write("recipe/data/in_recipe.ark", ark);  // relative to the configuration (a recipe dir)
+  dir.Write("lists/beside.ark", ark);           // beside the scp file
+  // The first utterance of feats.scp, by offset, through both rules.
+  const std::string first = ReadFile(KaldiDir() + "/feats.scp");
+  const std::string offset = first.substr(first.find(':') + 1, first.find('\n') - first.find(':') - 1);
+  dir.Write("lists/feats.scp", "a data/in_recipe.ark:" + offset + "\nb beside.ark:" + offset + "\n");
+  const std::string yaml = "datasets:\n  s:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                           "        rspecifier: \"scp:../lists/feats.scp\"\n        input: {f: {dim: 40}}\n";
+  const std::string path = dir.Write("recipe/conveyor.yaml", yaml);
+  auto config = LoadConfigFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ReadOptions ro;
+  ro.minibatch_size = 1000000;
+  auto dump = DumpDataset(config->datasets[0], ro);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  const size_t newline = dump->find('\n');
+  ASSERT_NE(newline, std::string::npos);
+  std::string a = dump->substr(0, newline), b = dump->substr(newline + 1);
+  ASSERT_FALSE(b.empty());
+  b.pop_back();
+  EXPECT_EQ(a.substr(a.find("streams")), b.substr(b.find("streams")));  // the same matrix both ways
+  EXPECT_NE(a.find("\"key\":\"a\""), std::string::npos);
+}
+
+TEST(KaldiDataset, AnScpWhoseFilesAreAllMissingIsOneErrorNamingTheRule) {
+  TempDir dir;
+  dir.Write("feats.scp", "u1 nowhere/a.ark:5\nu2 nowhere/a.ark:99\nu3 /absent/b.ark:1\n");
+  // Permissive (`p`): each unreadable line would be a skipped warning; all of them is an error.
+  auto config = Config(dir, "datasets:\n  s:\n    deserializers:\n      - type: KaldiTable\n"
+                            "        rspecifier: \"scp,p:feats.scp\"\n        input: {f: {dim: 40}}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(*config, {});
+  ASSERT_FALSE(ds.ok());
+  const std::string message(ds.status().message());
+  EXPECT_NE(message.find("feats.scp: none of the files its entries name could be opened (3 entries; the first: "),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("looked for in the configuration's directory"), std::string::npos) << message;
+  // One readable entry among unreadable ones: the table opens with what it can read.
+  dir.Write("feats.scp", "u1 nowhere/a.ark:5\nu2 " + KaldiDir() + "/feats.ark:14\n");
+  auto partial = Config(dir, absl::StrCat("datasets:\n  s:\n    deserializers:\n      - type: KaldiTable\n"
+                                          "        rspecifier: \"scp,p:feats.scp\"\n        input: {f: {dim: 40}}\n"));
+  ASSERT_TRUE(partial.ok());
+  auto opened = Dataset::Open(*partial, {});
+  EXPECT_TRUE(opened.ok()) << opened.status();
 }
 
 }  // namespace

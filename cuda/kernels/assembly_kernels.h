@@ -1,0 +1,152 @@
+// assembly_kernels.h: the bodies of the CUDA assembler's kernels (assembly_program.h), written
+// once as host/device code of their grid coordinates (grid.h). The device launches them
+// through device_launch.cuh, the host tests through host_executor.h; both with the launch
+// shapes below. Each reads its descriptors from the staging buffer, as they were sent.
+//
+// Compile without floating-point contraction (device --fmad=false, host -ffp-contract=off):
+// DecodeOpsKernel's values are then Kaldi's bit for bit (kaldi_cm_math.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/formats/kaldi/kaldi_cm_math.h"
+#include "cuda/kernels/grid.h"
+#include "cuda/kernels/program_ops.h"
+
+namespace conveyor::gpu {
+
+// Little-endian uint16 at any address (staged Kaldi data is byte-packed).
+CONVEYOR_HD inline uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// One block per copy item (grid-stride over items), threads over its bytes: 16-byte moves
+// when both ends and the length allow, else 4-byte, else bytes (alignment from the actual
+// addresses).
+struct CopyItemsKernel {
+  const CopyItem* items;
+  uint64_t n;
+  const std::byte* staging;
+  std::byte* slot;
+
+  static LaunchShape Shape(uint64_t n, const LaunchPolicy& p) { return BlockPerItem(n, p); }
+
+  CONVEYOR_HD void operator()(const Grid& g) const {
+    for (uint64_t i = g.block; i < n; i += g.grid_dim) {
+      const CopyItem it = items[i];
+      const std::byte* src = staging + it.src;
+      std::byte* dst = slot + it.dst;
+      const uint64_t bits = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | it.bytes;
+      if ((bits & 15) == 0) {
+        const auto* s = reinterpret_cast<const Bytes16*>(src);
+        auto* d = reinterpret_cast<Bytes16*>(dst);
+        for (uint64_t k = g.thread; k < it.bytes / 16; k += g.block_dim) d[k] = s[k];
+      } else if ((bits & 3) == 0) {
+        const auto* s = reinterpret_cast<const uint32_t*>(src);
+        auto* d = reinterpret_cast<uint32_t*>(dst);
+        for (uint64_t k = g.thread; k < it.bytes / 4; k += g.block_dim) d[k] = s[k];
+      } else {
+        for (uint64_t k = g.thread; k < it.bytes; k += g.block_dim) dst[k] = src[k];
+      }
+    }
+  }
+};
+
+// One block per CSC piece op: its row indices and values go to colptr[first_col] + skip
+// (colptr already scanned) of the stream's arrays.
+template <typename T>
+struct CscPiecesKernel {
+  const CscPieceOp* ops;
+  uint64_t n;
+  const std::byte* staging;
+  std::byte* slot;
+  std::byte* scratch;
+
+  static LaunchShape Shape(uint64_t n, const LaunchPolicy& p) { return BlockPerItem(n, p); }
+
+  CONVEYOR_HD void operator()(const Grid& g) const {
+    for (uint64_t i = g.block; i < n; i += g.grid_dim) {
+      const CscPieceOp op = ops[i];
+      std::byte* base = op.in_scratch ? scratch : slot;
+      const uint64_t first =
+          op.wide ? static_cast<uint64_t>(reinterpret_cast<const int64_t*>(base + op.colptr)[op.first_col])
+                  : static_cast<uint64_t>(reinterpret_cast<const int32_t*>(base + op.colptr)[op.first_col]);
+      const uint64_t at = first + op.skip;
+      const auto* src_rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
+      const auto* src_values = reinterpret_cast<const T*>(staging + op.src_values);
+      auto* rowind = reinterpret_cast<int32_t*>(base + op.rowind) + at;
+      T* values = reinterpret_cast<T*>(base + op.values) + at;
+      for (uint64_t k = g.thread; k < op.nnz; k += g.block_dim) {
+        rowind[k] = src_rowind[k];
+        values[k] = src_values[k];
+      }
+    }
+  }
+};
+
+// One thread per scatter op (a sparse sample delivered dense, or one row band of it): its
+// entries added in file order into its zeroed dense column. No two threads add to the same
+// value (distinct columns, or distinct bands of one), so no atomics, and the sums are the
+// CPU's.
+template <typename T>
+struct ScatterKernel {
+  const ScatterOp* ops;
+  uint64_t n;
+  const std::byte* staging;
+  std::byte* slot;
+
+  static LaunchShape Shape(uint64_t n, const LaunchPolicy& p) { return ThreadPerItem(n, p); }
+
+  CONVEYOR_HD void operator()(const Grid& g) const {
+    for (uint64_t i = g.global_thread(); i < n; i += g.global_threads()) {
+      const ScatterOp op = ops[i];
+      const auto* rowind = reinterpret_cast<const int32_t*>(staging + op.src_rowind);
+      const auto* values = reinterpret_cast<const T*>(staging + op.src_values);
+      T* column = reinterpret_cast<T*>(slot + op.dst);
+      for (uint64_t k = 0; k < op.nnz; ++k) {
+        const auto row = static_cast<uint32_t>(rowind[k]);
+        if (op.bands == 1 || row % op.bands == op.band) column[row] += values[k];
+      }
+    }
+  }
+};
+
+// One block per decode op, one thread per value (row-major). CM values recompute their
+// column's percentiles (cheap next to the memory traffic).
+template <typename T>
+struct DecodeOpsKernel {
+  const DecodeOp* ops;
+  uint64_t n;
+  const uint8_t* staging;
+  std::byte* slot;
+
+  static LaunchShape Shape(uint64_t n, const LaunchPolicy& p) { return BlockPerItem(n, p); }
+
+  CONVEYOR_HD void operator()(const Grid& g) const {
+    for (uint64_t i = g.block; i < n; i += g.grid_dim) {
+      const DecodeOp op = ops[i];
+      const uint8_t* src = staging + op.src;
+      T* out = reinterpret_cast<T*>(slot + op.dst);
+      const uint64_t count = uint64_t{op.rows} * op.cols;
+      const float inc = op.type == 2 ? kaldi::Cm2Increment(op.range) : kaldi::Cm3Increment(op.range);
+      for (uint64_t k = g.thread; k < count; k += g.block_dim) {
+        const uint64_t r = k / op.cols, c = k % op.cols;
+        float v;
+        if (op.type == 1) {
+          const uint8_t* h = src + 8 * c;
+          const float p0 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h));
+          const float p25 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 2));
+          const float p75 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 4));
+          const float p100 = kaldi::CmPercentile(op.min_value, op.range, LoadU16(h + 6));
+          v = kaldi::CmByte(p0, p25, p75, p100, src[8 * uint64_t{op.cols} + c * op.column_rows + op.row0 + r]);
+        } else if (op.type == 2) {
+          v = kaldi::CmLinear(op.min_value, inc, LoadU16(src + 2 * k));
+        } else {
+          v = kaldi::CmLinear(op.min_value, inc, src[k]);
+        }
+        out[k] = static_cast<T>(v);
+      }
+    }
+  }
+};
+
+}  // namespace conveyor::gpu

@@ -1,0 +1,160 @@
+// The whole loader through an assembler, against the CPU loader (loader_cases.h).
+#include "tests/gpu/loader_cases.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <deque>
+#include <string>
+
+#include "common/config/config_loader.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace conveyor::testing {
+
+using gpu::CopyMemory;
+using gpu::MemoryKind;
+using gpu::Slot;
+using gpu::SlotPool;
+
+namespace {
+
+// Removes the files it was given when the process ends (the datasets read them until then).
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const std::string& p : paths) std::remove(p.c_str());
+  }
+};
+
+std::string ProcessTempFile(const std::string& stem) {
+  static TempFiles files;
+  files.paths.push_back(::testing::TempDir() + "/" + stem + "." + std::to_string(getpid()));
+  return files.paths.back();
+}
+
+}  // namespace
+
+void ExpectPipelinedLoaderMatchesTheCpuLoader(const DatasetConfig& config, const DatasetOpenOptions& open,
+                                              const LoaderOptions& lo, BatchAssembler* assembler, MemoryKind kind) {
+  auto plain = Dataset::Open(config);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto ds = Dataset::Open(config, open);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  auto cpu = MakeCpuAssembler();
+  std::vector<std::vector<std::byte>> want;
+  {
+    auto loader = Loader::Create(plain->get(), cpu.get(), lo);
+    ASSERT_TRUE(loader.ok());
+    Batch b;
+    while (*(*loader)->Next(&b)) want.emplace_back(b.bytes.begin(), b.bytes.end());
+  }
+  ASSERT_FALSE(want.empty());
+  uint64_t largest = 0;
+  for (const auto& w : want) largest = std::max<uint64_t>(largest, w.size());
+  auto pool = SlotPool::Create(kind, largest, 3);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::deque<Slot> free_slots;
+  for (int i = 0; i < 3; ++i) free_slots.push_back(*(*pool)->Acquire(absl::ZeroDuration()));
+  std::deque<Slot> used;
+  auto loader = Loader::Create(ds->get(), assembler, lo);
+  ASSERT_TRUE(loader.ok());
+  auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+    if (free_slots.empty() || bytes > largest) return absl::InternalError("no slot");
+    used.push_back(free_slots.front());
+    free_slots.pop_front();
+    return absl::MakeSpan(used.back().data, bytes);
+  };
+  size_t n = 0;
+  absl::Status st = RunPipelined(loader->get(), 2, destination, [&](const Batch& b) -> absl::Status {
+    if (n >= want.size()) return absl::InternalError("more batches than the CPU loader's");
+    std::vector<std::byte> got(b.bytes.size());
+    if (absl::Status copied = CopyMemory(got.data(), b.bytes.data(), got.size()); !copied.ok()) return copied;
+    EXPECT_TRUE(got == want[n]) << "batch " << n;
+    ++n;
+    free_slots.push_back(used.front());
+    used.pop_front();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(n, want.size());
+}
+
+DatasetConfig CtfConfig() {
+  // One file per process: ctest runs tests in parallel, and rewriting a file another process
+  // has mapped would fault there.
+  const std::string path = ProcessTempFile("conveyor_gpu_loader.ctf");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  for (int i = 0; f != nullptr && i < 3000; ++i) {
+    const int len = 1 + i % 5;
+    for (int t = 0; t < len; ++t) {
+      std::fprintf(f, "%d |x %d:%d.5 %d:1 |y %d %d\n", i, (i * 7 + t) % 1000, t, (i + 3 * t) % 1000, i % 3, t);
+    }
+  }
+  if (f != nullptr) std::fclose(f);
+  auto config = ParseConfig(
+      "datasets:\n  d:\n    deserializers:\n      - type: CNTKTextFormat\n        chunkSizeInBytes: 4000\n        file: " +
+          path + "\n        input:\n          x: {dim: 1000, format: sparse}\n          y: {dim: 2, format: dense}\n",
+      "test", "/");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return config.ok() ? config->datasets[0] : DatasetConfig();
+}
+
+LoaderOptions Randomized(uint64_t minibatch, bool frames) {
+  LoaderOptions lo;
+  lo.planner.minibatch_size = minibatch;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 3;
+  lo.planner.randomizer.frame_mode = frames;
+  lo.threads = 2;
+  return lo;
+}
+
+namespace {
+
+// Kaldi features as CM (1 byte, column headers), CM2 and CM3, with an scp row/column range,
+// float and double.
+std::vector<DatasetConfig> CompressedKaldiConfigs() {
+  std::vector<DatasetConfig> out;
+  const std::string kaldi = TestdataDir() + "/kaldi";
+  // (Per process, as above.)
+  const std::string ranges = ProcessTempFile("conveyor_gpu_cm_ranges.scp");
+  if (std::FILE* f = std::fopen(ranges.c_str(), "w")) {
+    std::fprintf(f, "r1 %s/cm_auto.ark:14[2:10,3:12]\nr2 %s/cm_auto.ark:1169[0:30,3:12]\n", kaldi.c_str(), kaldi.c_str());
+    std::fclose(f);
+  }
+  for (const std::string& rspecifier : {"scp:" + kaldi + "/cm_auto.scp", "scp:" + kaldi + "/cm_2byte_auto.scp",
+                                        "scp:" + kaldi + "/cm_1byte_auto.scp", "scp:" + kaldi + "/cm_speech.scp",
+                                        "scp:" + ranges}) {
+    for (const char* precision : {"float", "double"}) {
+      auto config = ParseConfig(std::string("datasets:\n  d:\n    maxErrors: 1000\n    precision: ") + precision +
+                                    "\n    deserializers:\n      - type: KaldiTable\n        chunkSizeInBytes: 3000\n"
+                                    "        rspecifier: \"" + rspecifier + "\"\n        input: {features: {}}\n",
+                                "test", "/");
+      EXPECT_TRUE(config.ok()) << config.status();
+      if (config.ok()) out.push_back(config->datasets[0]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void ExpectCompressedKaldiMatchesTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
+  DatasetOpenOptions open;
+  open.compressed_in_place = true;
+  open.diagnostics_sink = [](Severity, const std::string&) {};
+  for (const DatasetConfig& config : CompressedKaldiConfigs()) {
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool frames = mode > 0;
+      LoaderOptions lo = Randomized(frames ? 64 : 100, frames);
+      lo.planner.randomizer.randomize = mode < 2;
+      SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
+                   (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
+      ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, assembler, kind);
+    }
+  }
+}
+
+}  // namespace conveyor::testing
