@@ -41,8 +41,17 @@ absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t 
     return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' was delivered as ", delivered,
                                                    ", not ", asked, " (choose with the subscription's layouts)"));
   }
-  if ((plan.precision == Precision::kFloat) != std::is_same<T, float>::value) {
-    return absl::InvalidArgumentError("element type does not match the batch's precision");
+  // The element type must be the values' own: float or double (the batch's precision), or
+  // uint16_t for values narrowed to float16 or bfloat16 (their bit patterns).
+  const DType want = std::is_same<T, uint16_t>::value ? L.values.dtype
+                     : std::is_same<T, float>::value  ? DType::kFloat32
+                                                      : DType::kFloat64;
+  const bool narrowed = L.values.dtype == DType::kFloat16 || L.values.dtype == DType::kBFloat16;
+  if (L.values.dtype != want || (std::is_same<T, uint16_t>::value && !narrowed)) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' holds ", DTypeName(L.values.dtype),
+                                                   " values: read them as ",
+                                                   narrowed ? "uint16_t (the bit patterns)"
+                                                   : L.values.dtype == DType::kFloat32 ? "float" : "double"));
   }
   return &L;
 }
@@ -116,6 +125,9 @@ template absl::StatusOr<CscView<float>> ReceivedBatch::Csc<float>(size_t) const;
 template absl::StatusOr<CscView<double>> ReceivedBatch::Csc<double>(size_t) const;
 template absl::StatusOr<CsrView<float>> ReceivedBatch::Csr<float>(size_t) const;
 template absl::StatusOr<CsrView<double>> ReceivedBatch::Csr<double>(size_t) const;
+template absl::StatusOr<DenseView<uint16_t>> ReceivedBatch::Dense<uint16_t>(size_t) const;
+template absl::StatusOr<CscView<uint16_t>> ReceivedBatch::Csc<uint16_t>(size_t) const;
+template absl::StatusOr<CsrView<uint16_t>> ReceivedBatch::Csr<uint16_t>(size_t) const;
 
 // ------------------------------------------------------------------ Subscription
 
@@ -148,11 +160,10 @@ absl::Status Subscription::Open() {
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
-  if (!Write(first)) {
-    const grpc::Status st = stream_->Finish();
-    stream_.reset();  // finished: Cancel() must not finish it again
-    return FromGrpc(st);
-  }
+  // A failed write shows up in the reads: the call ended (what the daemon sent before is
+  // still read and checked, then Finish() gives the status). Finish() here could block: it
+  // waits for messages nobody reads.
+  Write(first);
   return absl::OkStatus();
 }
 
@@ -197,11 +208,11 @@ bool Subscription::Write(const v1::StreamRequest& request) {
   return stream_->Write(buffer);
 }
 
-Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg) {
+Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout) {
   grpc::ByteBuffer buffer;
-  if (options_.idle_timeout.count() > 0) watchdog_.Arm(context_.get(), options_.idle_timeout);
+  if (timeout.count() > 0) watchdog_.Arm(context_.get(), timeout);
   const bool got = stream_->Read(&buffer);
-  if (options_.idle_timeout.count() > 0 && watchdog_.Disarm()) return ReadResult::kIdle;
+  if (timeout.count() > 0 && watchdog_.Disarm()) return ReadResult::kIdle;
   if (!got) return ReadResult::kEnded;
   if (!grpc::SerializationTraits<v1::StreamResponse>::Deserialize(&buffer, msg).ok()) return ReadResult::kUnparsable;
   return ReadResult::kMessage;
@@ -210,7 +221,7 @@ Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg) {
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   while (true) {
     v1::StreamResponse msg;
-    const ReadResult read = Read(&msg);
+    const ReadResult read = Read(&msg, options_.idle_timeout);
     if (read == ReadResult::kUnparsable) {
       return Abort(absl::InvalidArgumentError("the daemon sent a message that does not parse as a StreamResponse"));
     }
@@ -244,8 +255,19 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
         continue;
       }
       case StreamReader::Event::kEnd: {
-        ended_ = true;
+        // The daemon ends the call right after the end of the stream: one more read says so
+        // (never Finish() on a call that may stay open). A message there is a protocol error;
+        // a call held open past the grace is cancelled, the data being complete.
         stream_->WritesDone();
+        v1::StreamResponse after;
+        const ReadResult last = Read(&after, kEndGrace);
+        if (last == ReadResult::kMessage) return Abort(reader_.Feed(std::move(after)).status());
+        if (last == ReadResult::kUnparsable) return Abort(absl::InvalidArgumentError("the daemon sent a message after the end of the stream"));
+        ended_ = true;
+        if (last == ReadResult::kIdle) {
+          (void)Abort(absl::OkStatus());
+          return false;
+        }
         grpc::Status st = stream_->Finish();
         stream_.reset();
         if (!st.ok()) return FromGrpc(st);

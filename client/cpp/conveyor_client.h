@@ -101,7 +101,9 @@ class ReceivedBatch {
   uint64_t serial() const { return descriptor_.serial(); }
   // Index of the stream called `name`, or -1.
   int StreamIndex(const std::string& name) const;
-  // Typed views; T must match the batch's precision (float or double). Dense() serves
+  // Typed views; T must match the values: float or double (the batch's precision), or
+  // uint16_t for a stream subscribed narrowed (dtypes: float16 or bfloat16; the values' bit
+  // patterns, common/batch/half.h converts them). Dense() serves
   // dense streams and sparse streams subscribed as LAYOUT_DENSE; Csc() sparse streams in
   // their native layout; Csr() those subscribed as LAYOUT_CSR. Errors: InvalidArgument
   // for a wrong stream index, layout or element type.
@@ -163,9 +165,11 @@ class Subscription {
   // A broken stream: cancels the call before finishing it (a daemon that keeps the call open
   // must not hang the client), and returns `why`.
   absl::Status Abort(absl::Status why);
-  // Reads the next message within the idle deadline.
+  // Reads the next message, cancelling the call if none comes within `timeout` (0: none).
   enum class ReadResult { kMessage, kEnded, kIdle, kUnparsable };
-  ReadResult Read(v1::StreamResponse* msg);
+  ReadResult Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout);
+  // How long the call may stay open after the end of the stream (the daemon ends it at once).
+  static constexpr std::chrono::milliseconds kEndGrace{2000};
   bool Write(const v1::StreamRequest& request);
 
   const std::vector<std::string> addresses_;

@@ -127,6 +127,10 @@ def main():
             bptt, bn, bcursor = record(address, pb.Subscribe(dataset="sequences", minibatch_size=20, truncation=5,
                                                              parallel=2), 2)
             simple, sn, scursor = record(address, pb.Subscribe(dataset="simple", minibatch_size=500, epochs=1), 5)
+            narrow = pb.Subscribe(dataset="simple", minibatch_size=100)
+            narrow.dtypes["features"] = pb.DTYPE_FLOAT16
+            narrow.dtypes["labels"] = pb.DTYPE_BFLOAT16
+            narrowed, nn, ncursor = record(address, narrow, 2)
         finally:
             proc.terminate()
             proc.wait()
@@ -151,6 +155,7 @@ def main():
     write("ok-bptt.bin", bptt + [end(bn, bcursor)])
     write("ok-simple-whole-stream.bin", simple)  # the daemon's own end
     write("ok-non-utf8-key.bin", kaldi)
+    write("ok-narrowed.bin", narrowed + [end(nn, ncursor)])
 
     first = sparse_ok[0]
     b0 = batch_indices(sparse_ok)
@@ -215,6 +220,13 @@ def main():
     write("bad-too-many-pieces.bin", edit(sparse_ok, b0[0], lambda m: (
         m.batch.pieces.key.extend([1] * 100), m.batch.pieces.row.extend([0] * 100), m.batch.pieces.t0.extend([0] * 100),
         m.batch.pieces.sample_begin.extend([0] * 100), m.batch.pieces.counts.extend([0] * 200))))
+    ni = batch_indices(narrowed)[0]
+    # float16 values in a double-precision batch (narrowing is from float32 only), and
+    # float16 values half the size the stream's dim implies.
+    write("bad-narrowed-double.bin", edit(narrowed, ni, lambda m: setattr(m.batch, "precision", pb.PRECISION_DOUBLE))
+          + [end(nn, ncursor)])
+    write("bad-narrowed-dim.bin", edit(narrowed, ni, lambda m: setattr(m.batch.streams[0], "dim",
+                                                                         m.batch.streams[0].dim * 2)) + [end(nn, ncursor)])
     write("bad-mask.bin", edit(bptt, batch_indices(bptt)[0], lambda m: setattr(m.batch.mask, "dtype", pb.DTYPE_INT32)))
     write("bad-lengths-dtype.bin", edit(bptt, batch_indices(bptt)[0], set_array(0, "lengths", "dtype", pb.DTYPE_UINT8)))
 

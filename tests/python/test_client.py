@@ -238,7 +238,7 @@ KALDI = os.path.join(SOURCE, "tests", "data", "kaldi")
 
 
 def read_gt(name):
-    """Kaldi's own decoding (tests/data/kaldi/gt): key -> float32 matrix or int32 vector."""
+    """Kaldi's own decoding (tests/data/kaldi/gt): key (bytes) -> float32 matrix or int32 vector."""
     out = {}
     with open(os.path.join(KALDI, "gt", name)) as f:
         lines = f.readlines()
@@ -247,10 +247,10 @@ def read_gt(name):
             continue
         f = line.split()
         if f[1] == "iv":
-            out[f[0]] = np.array([int(v) for v in f[3:]], dtype=np.int32)
+            out[f[0].encode()] = np.array([int(v) for v in f[3:]], dtype=np.int32)
         else:
             rows, cols = int(f[2]), int(f[3])
-            out[f[0]] = np.array([float(v) for v in f[4:]], dtype=np.float32).reshape(rows, cols)
+            out[f[0].encode()] = np.array([float(v) for v in f[4:]], dtype=np.float32).reshape(rows, cols)
     return out
 
 
@@ -303,6 +303,42 @@ class KaldiTest(unittest.TestCase):
                 proc.terminate()
                 proc.wait(timeout=30)
                 proc.stderr.close()
+
+
+class NonUtf8KeysTest(unittest.TestCase):
+    """Keys are bytes end to end: a Kaldi utterance id that is not UTF-8 (m\\xfcller, Latin-1)
+    reaches the Python client unchanged over TCP and shared memory, and `conveyor dump` prints
+    it as valid UTF-8 JSON whose surrogate escapes give the bytes back."""
+
+    def test_keys_travel_as_bytes_and_dump_as_valid_json(self):
+        keys = [b"m\xfcller", b"plain", b"\xff\xfe"]
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "feats.ark"), "wb") as f:
+                f.write(b"m\xfcller  [\n  1 2\n  3 4 ]\nplain  [\n  5 6 ]\n\xff\xfe  [\n  7 8 ]\n")
+            config = os.path.join(tmp, "kaldi.yaml")
+            with open(config, "w") as f:
+                f.write("datasets:\n  speech:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                        "        rspecifier: \"ark:feats.ark\"\n        input: {features: {dim: 2}}\n")
+            proc, address = start_daemon(tmp, config)
+            try:
+                for c in (conveyor.Client(address), conveyor.Client("unix:" + os.path.join(tmp, "d.sock"))):
+                    transport = "shm" if c.address.startswith("unix:") else "inline"
+                    batches = list(c.subscribe("speech", minibatch_size=100, transport=transport))
+                    self.assertEqual(len(batches), 1)
+                    self.assertEqual(batches[0].keys(), keys, transport)
+                    x = batches[0].dense("features")
+                    np.testing.assert_array_equal(x[0], [[1, 2], [3, 4]])
+                    np.testing.assert_array_equal(x[2, 0], [7, 8])
+                    c.close()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+            out = subprocess.run([CONVEYOR, "dump", config, "--dataset", "speech", "--minibatch-size", "100"],
+                                 check=True, capture_output=True).stdout
+            lines = [json.loads(line) for line in out.decode("utf-8").splitlines()]  # strict: valid UTF-8
+            self.assertEqual([line["key"].encode("utf-8", "surrogateescape") for line in lines], keys)
+            self.assertIn(b'"key":"m\\udcfcller"', out)
 
 
 class FailoverTest(unittest.TestCase):

@@ -30,6 +30,7 @@ from conveyor.v1 import conveyor_pb2_grpc as pb_grpc
 MAX_BATCH_BYTES = 16 << 30  # the daemon's own limit on a batch
 MAX_SEGMENT_BYTES = 1 << 40
 _STREAM = "/conveyor.v1.Loader/Stream"
+_END_GRACE = 2.0  # seconds the call may stay open after the end of the stream (the daemon ends it at once)
 
 _DTYPES = {
     pb.DTYPE_FLOAT32: np.float32,
@@ -113,17 +114,12 @@ class Batch:
 
     def keys(self):
         """The sequence keys, one per piece (row order as the daemon placed them): the numeric
-        ids of CTF/CBF datasets (ints), the utterance ids of Kaldi/HTK ones (str). Those are
-        bytes as written, and need not be UTF-8: bytes that are not valid UTF-8 decode with
-        the surrogateescape error handler (as `conveyor dump` writes them, \\udcXX), so
-        k.encode("utf-8", "surrogateescape") gives the bytes back; key_bytes() gives them."""
+        ids of CTF/CBF datasets (ints), the utterance ids of Kaldi/HTK ones as the bytes written
+        (`bytes`: they need not be UTF-8; `conveyor dump` prints a byte that is not as \\udcXX,
+        so json.loads(line)["key"].encode("utf-8", "surrogateescape") equals the key)."""
         if len(self.descriptor.pieces.name):
-            return [k.decode("utf-8", "surrogateescape") for k in self.descriptor.pieces.name]
+            return list(self.descriptor.pieces.name)
         return list(self.descriptor.pieces.key)
-
-    def key_bytes(self):
-        """The keys of a Kaldi/HTK dataset as the bytes written (an empty list for numeric keys)."""
-        return list(self.descriptor.pieces.name)
 
     def _array(self, ref):
         if self._block is not None:
@@ -350,9 +346,12 @@ class Subscription:
                     details = f"no message from the daemon for {self._idle_timeout} s (the idle deadline)"
                 self._fail_over(code, details)
             except ProtocolError as e:
-                self.close()
+                self.close()  # cancels the call: a daemon that keeps it open must not hold the client
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED if e.resource else grpc.StatusCode.INVALID_ARGUMENT
                 raise ConveyorError(code, str(e), self._cursor) from None
+            except ConveyorError:
+                self.close()
+                raise
 
     def _fail_over(self, code, details):
         """A broken stream: resume from the cursor on the next daemon (UNAVAILABLE, while
@@ -367,19 +366,20 @@ class Subscription:
         if self._reconnects % len(self._client.addresses) == 0:
             time.sleep(0.1 * 2 ** min(self._reconnects // len(self._client.addresses), 5))
 
-    def _next_message(self):
+    def _next_message(self, timeout):
         """The next message's bytes, or None when the call ended with OK. Cancels the call
-        when nothing arrives within the idle deadline (the RpcError then says CANCELLED)."""
+        when nothing arrives within `timeout` seconds (None: no limit; the RpcError then says
+        CANCELLED, and self._idle is set)."""
         self._idle = False
         timer = None
-        if self._idle_timeout:
+        if timeout:
             responses = self._responses
 
             def expire():
                 self._idle = True
                 responses.cancel()
 
-            timer = threading.Timer(self._idle_timeout, expire)
+            timer = threading.Timer(timeout, expire)
             timer.daemon = True
             timer.start()
         try:
@@ -390,7 +390,7 @@ class Subscription:
 
     def _receive(self):
         while True:
-            raw = self._next_message()
+            raw = self._next_message(self._idle_timeout)
             if raw is None:  # the call ended with OK: only after an end of stream
                 try:
                     self._reader.finished()
@@ -411,9 +411,7 @@ class Subscription:
                     raise ConveyorError(grpc.StatusCode.FAILED_PRECONDITION, str(e), self._cursor) from None
                 continue
             if kind == "end":
-                self._done = True
-                self.close()
-                raise StopIteration
+                self._after_end()
             d, buffer = value
             if d.HasField("cuda_ipc"):
                 block = self._blocks.get(d.cuda_ipc.segment)
@@ -435,6 +433,24 @@ class Subscription:
             self._pending_ack = d.serial
             self._cursor = d.cursor
             return Batch(d, buffer)
+
+
+    def _after_end(self):
+        """The daemon ends the call right after the end of the stream: one more read says so.
+        A message there is a protocol error; a call held open past the grace is cancelled (the
+        data is complete); another status is the stream's."""
+        self._requests.put(None)  # no more requests (writes done)
+        try:
+            raw = self._next_message(_END_GRACE)
+        except grpc.RpcError:
+            if not self._idle:
+                raise
+            raw = None
+        if raw is not None:
+            self._reader.feed(raw)  # raises: a message after the end of the stream
+        self._done = True
+        self.close()
+        raise StopIteration
 
 
 class _Broken(grpc.RpcError):

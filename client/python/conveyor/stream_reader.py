@@ -16,9 +16,12 @@ from google.protobuf.message import DecodeError
 
 from conveyor.v1 import conveyor_pb2 as pb
 
-_ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT64: 8, pb.DTYPE_INT32: 4, pb.DTYPE_INT64: 8, pb.DTYPE_UINT8: 1}
+_ITEMSIZE = {pb.DTYPE_FLOAT32: 4, pb.DTYPE_FLOAT64: 8, pb.DTYPE_INT32: 4, pb.DTYPE_INT64: 8, pb.DTYPE_UINT8: 1,
+             pb.DTYPE_FLOAT16: 2, pb.DTYPE_BFLOAT16: 2}
 _NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT64: np.float64, pb.DTYPE_INT32: np.int32,
-          pb.DTYPE_INT64: np.int64, pb.DTYPE_UINT8: np.uint8}
+          pb.DTYPE_INT64: np.int64, pb.DTYPE_UINT8: np.uint8, pb.DTYPE_FLOAT16: np.float16,
+          pb.DTYPE_BFLOAT16: np.uint16}
+_NARROWED = (pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16)
 _LAYOUTS = {pb.LAYOUT_NATIVE: "native", pb.LAYOUT_CSC: "csc", pb.LAYOUT_CSR: "csr", pb.LAYOUT_DENSE: "dense"}
 MAX_STREAMS = 4096
 MAX_CURSOR_BYTES = 4096
@@ -70,8 +73,15 @@ def check_descriptor(d):
         a = _array(ref, total, what)
         if a is not None and (a.dtype != pb.DTYPE_UINT8 or a.bytes != rows * steps):
             raise ProtocolError("the BPTT mask and flags must be uint8 [rows][steps]")
-    value_size = 4 if d.precision == pb.PRECISION_FLOAT else 8
     value_type = pb.DTYPE_FLOAT32 if d.precision == pb.PRECISION_FLOAT else pb.DTYPE_FLOAT64
+
+    def is_value(a):
+        # The dataset's precision, or narrowed from float32 on request (float16, bfloat16).
+        return a is not None and (a.dtype == value_type or (value_type == pb.DTYPE_FLOAT32 and a.dtype in _NARROWED))
+
+    def value_size(a):
+        return _ITEMSIZE[a.dtype] if a is not None else 0
+
     if len(d.streams) > MAX_STREAMS:
         raise ProtocolError(f"a batch of {len(d.streams)} streams (at most {MAX_STREAMS})")
     longest = []
@@ -99,7 +109,7 @@ def check_descriptor(d):
             if nbytes(values) != rows * t * 4 or dtype(values) != pb.DTYPE_INT32:
                 raise ProtocolError(f"stream '{name}': ids do not match rows x T")
         elif layout == "dense":
-            if nbytes(values) != rows * t * s.dim * value_size or dtype(values) != value_type:
+            if not is_value(values) or nbytes(values) != rows * t * s.dim * value_size(values):
                 raise ProtocolError(f"stream '{name}': values do not match rows x T x dim")
         else:
             csr = layout == "csr"
@@ -107,8 +117,8 @@ def check_descriptor(d):
             outer = s.dim if csr else rows * t
             ptr_size = 8 if dtype(ptr) == pb.DTYPE_INT64 else 4
             if (dtype(ptr) not in (pb.DTYPE_INT32, pb.DTYPE_INT64) or dtype(ind) != pb.DTYPE_INT32 or
-                    dtype(values) != value_type or nbytes(ptr) != (outer + 1) * ptr_size or
-                    nbytes(ind) != s.nnz * 4 or nbytes(values) != s.nnz * value_size):
+                    not is_value(values) or nbytes(ptr) != (outer + 1) * ptr_size or
+                    nbytes(ind) != s.nnz * 4 or nbytes(values) != s.nnz * value_size(values)):
                 raise ProtocolError(f"stream '{name}': {'CSR' if csr else 'CSC'} arrays do not match the batch")
         lengths = arrays["lengths"]
         if (nbytes(lengths) != rows * 4 or dtype(lengths) != pb.DTYPE_INT32) if s.sequence_axis else lengths is not None:
