@@ -150,6 +150,9 @@ void Subscription::Cancel() {
 absl::Status Subscription::Open() {
   context_ = std::make_unique<grpc::ClientContext>();
   if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
+  // The headers go with the first write (which the idle deadline bounds): otherwise creating
+  // the call blocks until they are sent, as long as connecting to a frozen daemon takes.
+  context_->set_initial_metadata_corked(true);
   static const grpc::internal::RpcMethod kStream("/conveyor.v1.Loader/Stream", grpc::internal::RpcMethod::BIDI_STREAMING);
   stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
       channels_[current_].get(), kStream, context_.get()));
@@ -162,8 +165,9 @@ absl::Status Subscription::Open() {
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
   // A failed write shows up in the reads: the call ended (what the daemon sent before is
   // still read and checked, then Finish() gives the status). Finish() here could block: it
-  // waits for messages nobody reads.
-  Write(first);
+  // waits for messages nobody reads. A write that waits past the idle deadline (a daemon
+  // that accepted the connection and froze) is cancelled.
+  if (!Write(first)) return Abort(IdleError());
   return absl::OkStatus();
 }
 
@@ -204,8 +208,16 @@ absl::Status Subscription::Abort(absl::Status why) {
 bool Subscription::Write(const v1::StreamRequest& request) {
   grpc::ByteBuffer buffer;
   bool own = false;
-  if (!grpc::SerializationTraits<v1::StreamRequest>::Serialize(request, &buffer, &own).ok()) return false;
-  return stream_->Write(buffer);
+  if (!grpc::SerializationTraits<v1::StreamRequest>::Serialize(request, &buffer, &own).ok()) return true;
+  const bool timed = options_.idle_timeout.count() > 0;
+  if (timed) watchdog_.Arm(context_.get(), options_.idle_timeout);
+  (void)stream_->Write(buffer);
+  return !(timed && watchdog_.Disarm());
+}
+
+absl::Status Subscription::IdleError() const {
+  return absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
+                                             options_.idle_timeout.count(), " ms (the idle deadline)"));
 }
 
 Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout) {
@@ -225,10 +237,7 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
     if (read == ReadResult::kUnparsable) {
       return Abort(absl::InvalidArgumentError("the daemon sent a message that does not parse as a StreamResponse"));
     }
-    if (read == ReadResult::kIdle) {
-      return Abort(absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
-                                                       options_.idle_timeout.count(), " ms (the idle deadline)")));
-    }
+    if (read == ReadResult::kIdle) return Abort(IdleError());
     if (read == ReadResult::kEnded) {
       // The call ended: its status, or (OK) whether the stream's data really ended.
       grpc::Status st = stream_->Finish();
@@ -326,7 +335,7 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
       v1::StreamRequest ack;
       ack.mutable_ack()->set_serial(unacked_serial_);
       has_unacked_ = false;
-      Write(ack);  // a failed write shows up in the next Read
+      if (!Write(ack)) st = Abort(IdleError());  // a failed write shows up in the next Read
     }
     if (st.ok()) {
       auto r = Receive(out);

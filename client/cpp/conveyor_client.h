@@ -170,7 +170,10 @@ class Subscription {
   ReadResult Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout);
   // How long the call may stay open after the end of the stream (the daemon ends it at once).
   static constexpr std::chrono::milliseconds kEndGrace{2000};
+  // Writes `request`; false when the write waited past the idle deadline (the call is then
+  // cancelled). A write that fails otherwise shows up in the reads.
   bool Write(const v1::StreamRequest& request);
+  absl::Status IdleError() const;
 
   const std::vector<std::string> addresses_;
   const std::vector<std::shared_ptr<grpc::Channel>> channels_;

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -339,6 +340,93 @@ class NonUtf8KeysTest(unittest.TestCase):
             lines = [json.loads(line) for line in out.decode("utf-8").splitlines()]  # strict: valid UTF-8
             self.assertEqual([line["key"].encode("utf-8", "surrogateescape") for line in lines], keys)
             self.assertIn(b'"key":"m\\udcfcller"', out)
+
+
+class FrozenDaemonTest(unittest.TestCase):
+    """A daemon frozen by SIGSTOP keeps its connections open; the client's keepalive pings or
+    its idle deadline notice within seconds: the stream ends UNAVAILABLE, or, with a replica,
+    resumes there from its cursor and the epoch arrives exactly once."""
+
+    def _frozen_error(self, **kwargs):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, address = start_daemon(tmp)
+            try:
+                client = conveyor.Client(address, keepalive_time=kwargs.pop("keepalive_time"), keepalive_timeout=1.0)
+                sub = iter(client.subscribe("sparse", minibatch_size=100, epochs=100, reconnect=False, **kwargs))
+                for _ in range(3):
+                    next(sub)
+                os.kill(proc.pid, signal.SIGSTOP)
+                frozen = time.monotonic()
+                with self.assertRaises(conveyor.ConveyorError) as e:
+                    for _ in range(100):  # what was sent before the freeze, then the error
+                        next(sub)
+                seconds = time.monotonic() - frozen
+                client.close()
+                return e.exception, seconds
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+
+    def test_keepalive_notices_a_frozen_daemon_within_seconds(self):
+        error, seconds = self._frozen_error(keepalive_time=1.0, idle_timeout=None)
+        self.assertEqual(error.code.name, "UNAVAILABLE", str(error))
+        self.assertGreater(seconds, 0.5)
+        self.assertLess(seconds, 6.0)
+
+    def test_the_idle_deadline_notices_a_frozen_daemon_without_keepalive(self):
+        error, seconds = self._frozen_error(keepalive_time=3600.0, idle_timeout=1.5)
+        self.assertEqual(error.code.name, "UNAVAILABLE", str(error))
+        self.assertIn("the idle deadline", str(error))
+        self.assertGreater(seconds, 1.4)
+        self.assertLess(seconds, 6.0)
+
+    def test_a_daemon_frozen_before_the_stream_starts_is_left_after_the_idle_deadline(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, address = start_daemon(tmp)
+            try:
+                os.kill(proc.pid, signal.SIGSTOP)
+                client = conveyor.Client(address, keepalive_time=3600.0)
+                t0 = time.monotonic()
+                with self.assertRaises(conveyor.ConveyorError) as e:
+                    next(iter(client.subscribe("sparse", reconnect=False, idle_timeout=1.5)))
+                self.assertLess(time.monotonic() - t0, 6.0)
+                self.assertEqual(e.exception.code.name, "UNAVAILABLE")
+                self.assertIn("the idle deadline", str(e.exception))
+                client.close()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+
+    def test_a_frozen_daemon_is_left_for_a_replica_and_the_epoch_arrives_once(self):
+        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
+            a, a_address = start_daemon(a_dir)
+            b, b_address = start_daemon(b_dir)
+            try:
+                client = conveyor.Client([a_address, b_address], keepalive_time=1.0, keepalive_timeout=1.0)
+                keys, longest, last = [], 0.0, time.monotonic()
+                sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True, idle_timeout=5.0)
+                for n, batch in enumerate(sub):
+                    now = time.monotonic()
+                    longest, last = max(longest, now - last), now
+                    keys.extend(batch.keys())
+                    if n == 4:
+                        self.assertEqual(sub.address_index, 0)
+                        os.kill(a.pid, signal.SIGSTOP)
+                self.assertEqual(sub.address_index, 1)
+                self.assertLess(longest, 6.0)
+                self.assertEqual(len(keys), 2000)
+                self.assertEqual(len(set(keys)), 2000)
+                client.close()
+            finally:
+                os.kill(a.pid, signal.SIGCONT)
+                for p in (a, b):
+                    p.kill()
+                    p.wait(timeout=30)
+                    p.stderr.close()
 
 
 class FailoverTest(unittest.TestCase):
