@@ -242,6 +242,12 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
       // The call ended: its status, or (OK) whether the stream's data really ended.
       grpc::Status st = stream_->Finish();
       stream_.reset();
+      if (st.error_code() == grpc::StatusCode::CANCELLED) {
+        // Not by this client (its own cancels return before reading): a daemon shutting down
+        // cancels the calls it has not ended, a broken stream to resume like any other.
+        return absl::UnavailableError(absl::StrCat("the daemon at ", address(), " cancelled the stream (",
+                                                   st.error_message(), ")"));
+      }
       if (!st.ok()) return FromGrpc(st);
       absl::Status finished = reader_.Finished();
       // Broken off, not wrong: resumable from the last cursor like a daemon that went away.

@@ -81,7 +81,7 @@ class FakeDaemon:
     until the client cancels (or HOLD_SECONDS pass)."""
 
     def __init__(self):
-        self._records, self._finish = [], None
+        self._records, self._finish, self._abort = [], None, None
         self._lock = threading.Lock()
         self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=[
             # The daemon's keepalive settings: conveyor clients ping every few seconds.
@@ -97,15 +97,18 @@ class FakeDaemon:
     def address(self):
         return f"127.0.0.1:{self.port}"
 
-    def serve(self, recs, finish=None):
+    def serve(self, recs, finish=None, abort=None):
+        """abort: a status code to end the call with instead of OK."""
         with self._lock:
-            self._records, self._finish = list(recs), finish
+            self._records, self._finish, self._abort = list(recs), finish, abort
 
     def _stream(self, requests, context):
         with self._lock:
-            recs, finish = self._records, self._finish
+            recs, finish, abort = self._records, self._finish, self._abort
         for r in recs:
             yield r
+        if abort is not None:
+            context.abort(abort, "Cancelled")
         last_is_end = False
         if recs:
             try:
@@ -239,6 +242,15 @@ class HostileServerTest(unittest.TestCase):
         self.assertIsNone(error)
         self.assertEqual(n, batch_messages(recs))
         self.assertLess(seconds, 5.0)
+
+    def test_a_call_the_daemon_cancels_is_a_broken_stream(self):
+        # As gRPC cancels the calls of a server shutting down: UNAVAILABLE, resumable.
+        recs = records("ok-sparse-csc.bin")[:-1]  # no end of stream
+        self.daemon.serve(recs, finish=True, abort=grpc.StatusCode.CANCELLED)
+        n, error, _ = read_all(self.daemon.address)
+        self.assertEqual(n, batch_messages(recs))
+        self.assertEqual(error.code, grpc.StatusCode.UNAVAILABLE, str(error))
+        self.assertIn("cancelled the stream", str(error))
 
     def test_a_batch_beyond_the_clients_limit_is_refused_before_allocating(self):
         recs = records("bad-claims-8-gib.bin")

@@ -66,7 +66,8 @@ std::vector<std::string> CorpusFiles() {
 // 10 s pass).
 class Replay : public grpc::ServerGenericBidiReactor {
  public:
-  Replay(std::vector<std::string> records, bool finish) : records_(std::move(records)), finish_(finish) {
+  Replay(std::vector<std::string> records, bool finish, grpc::Status status)
+      : records_(std::move(records)), finish_(finish), status_(std::move(status)) {
     StartRead(&in_);
     Next();
   }
@@ -105,7 +106,7 @@ class Replay : public grpc::ServerGenericBidiReactor {
     }
     v1::StreamResponse last;
     if (finish_ || (!records_.empty() && last.ParseFromString(records_.back()) && last.has_end())) {
-      FinishLocked(grpc::Status::OK);
+      FinishLocked(status_);
       return;
     }
     holder_ = std::thread([this] {
@@ -122,6 +123,7 @@ class Replay : public grpc::ServerGenericBidiReactor {
 
   const std::vector<std::string> records_;
   const bool finish_;
+  const grpc::Status status_;
   grpc::ByteBuffer in_, out_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -144,24 +146,26 @@ class FakeDaemon : public grpc::CallbackGenericService {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     server_->Wait();
   }
-  // What the next Stream call replays.
-  void Serve(std::vector<std::string> records, bool finish = false) {
+  // What the next Stream call replays, and the status it ends with when it ends.
+  void Serve(std::vector<std::string> records, bool finish = false, grpc::Status status = grpc::Status::OK) {
     std::lock_guard<std::mutex> lock(mu_);
     records_ = std::move(records);
     finish_ = finish;
+    status_ = std::move(status);
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ctx->method() != "/conveyor.v1.Loader/Stream") return new Replay({}, true);
-    return new Replay(records_, finish_);
+    if (ctx->method() != "/conveyor.v1.Loader/Stream") return new Replay({}, true, grpc::Status::OK);
+    return new Replay(records_, finish_, status_);
   }
 
  private:
   std::mutex mu_;
   std::vector<std::string> records_;
   bool finish_ = false;
+  grpc::Status status_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
 };
@@ -233,6 +237,20 @@ TEST(HostileServer, EveryCorpusStreamIsReadOrRefusedWithinSeconds) {
                                                        << " batches";
     }
   }
+}
+
+// A daemon that cancels the call itself (as gRPC does to the calls a shutting-down server
+// has not ended) breaks the stream like a daemon that went away: UNAVAILABLE, resumable from
+// the cursor, not the CANCELLED of a client's own cancel.
+TEST(HostileServer, ACallTheDaemonCancelsIsABrokenStream) {
+  FakeDaemon daemon;
+  auto records = Records(ReadFile(kCorpus + "/ok-sparse-csc.bin"));
+  records.pop_back();  // no end of stream
+  daemon.Serve(records, true, grpc::Status(grpc::StatusCode::CANCELLED, "Cancelled"));
+  const Outcome got = Read(daemon.address());
+  EXPECT_EQ(got.batches, BatchMessages(records));
+  EXPECT_EQ(got.status.code(), absl::StatusCode::kUnavailable) << got.status;
+  EXPECT_NE(got.status.message().find("cancelled the stream"), std::string::npos) << got.status;
 }
 
 // A fake descriptor socket that hands out one descriptor to whoever sends 16 bytes.

@@ -344,6 +344,11 @@ class Subscription:
                 if self._idle:
                     code = grpc.StatusCode.UNAVAILABLE
                     details = f"no message from the daemon for {self._idle_timeout} s (the idle deadline)"
+                elif code == grpc.StatusCode.CANCELLED:
+                    # Not by this client (it stops reading once it cancels): a daemon shutting
+                    # down cancels the calls it has not ended, a broken stream to resume.
+                    code = grpc.StatusCode.UNAVAILABLE
+                    details = f"the daemon cancelled the stream ({details})"
                 self._fail_over(code, details)
             except ProtocolError as e:
                 self.close()  # cancels the call: a daemon that keeps it open must not hold the client
