@@ -277,7 +277,9 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
         v1::StreamResponse after;
         const ReadResult last = Read(&after, kEndGrace);
         if (last == ReadResult::kMessage) return Abort(reader_.Feed(std::move(after)).status());
-        if (last == ReadResult::kUnparsable) return Abort(absl::InvalidArgumentError("the daemon sent a message after the end of the stream"));
+        if (last == ReadResult::kUnparsable) {
+          return Abort(absl::InvalidArgumentError("the daemon sent a message after the end of the stream"));
+        }
         ended_ = true;
         if (last == ReadResult::kIdle) {
           (void)Abort(absl::OkStatus());

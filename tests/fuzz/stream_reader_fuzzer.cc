@@ -33,8 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (b.descriptor.has_shm() || b.descriptor.has_cuda_ipc()) continue;  // bytes elsewhere
     std::string out;
     conveyor::AppendDump(b.descriptor.epoch(), b.descriptor.batch(), b.plan,
-                         {reinterpret_cast<const std::byte*>(b.bytes.data()), b.bytes.size()}, b.descriptor.cursor(),
-                         &out);
+                         {reinterpret_cast<const std::byte*>(b.bytes.data()), b.bytes.size()},
+                         b.descriptor.cursor(), &out);
   }
   (void)reader.Finished();
   return 0;

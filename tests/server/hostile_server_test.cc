@@ -25,14 +25,15 @@
 #include <vector>
 
 #include "client/cpp/conveyor_client.h"
-#include "server/server_builder.h"
 #include "gtest/gtest.h"
+#include "server/server_builder.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
 namespace {
 
-const std::string kCorpus = std::string(CONVEYOR_SOURCE_DIR) + "/tests/fuzz/corpus/stream_reader_fuzzer";
+const std::string kCorpus =
+    std::string(CONVEYOR_SOURCE_DIR) + "/tests/fuzz/corpus/stream_reader_fuzzer";
 
 std::vector<std::string> Records(const std::string& bytes) {
   std::vector<std::string> out;
@@ -137,7 +138,8 @@ class FakeDaemon : public grpc::CallbackGenericService {
  public:
   FakeDaemon() {
     grpc::ServerBuilder b;
-    ConfigureServerBuilder(&b, ServiceOptions{});  // the daemon's keepalive settings: clients ping often
+    ConfigureServerBuilder(
+        &b, ServiceOptions{});  // the daemon's keepalive settings: clients ping often
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     b.RegisterCallbackGenericService(this);
     server_ = b.BuildAndStart();
@@ -147,7 +149,8 @@ class FakeDaemon : public grpc::CallbackGenericService {
     server_->Wait();
   }
   // What the next Stream call replays, and the status it ends with when it ends.
-  void Serve(std::vector<std::string> records, bool finish = false, grpc::Status status = grpc::Status::OK) {
+  void Serve(std::vector<std::string> records, bool finish = false,
+             grpc::Status status = grpc::Status::OK) {
     std::lock_guard<std::mutex> lock(mu_);
     records_ = std::move(records);
     finish_ = finish;
@@ -157,7 +160,8 @@ class FakeDaemon : public grpc::CallbackGenericService {
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ctx->method() != "/conveyor.v1.Loader/Stream") return new Replay({}, true, grpc::Status::OK);
+    if (ctx->method() != "/conveyor.v1.Loader/Stream")
+      return new Replay({}, true, grpc::Status::OK);
     return new Replay(records_, finish_, status_);
   }
 
@@ -214,7 +218,8 @@ uint64_t BatchMessages(const std::vector<std::string>& records) {
 // client's limits RESOURCE_EXHAUSTED; any other violation INVALID_ARGUMENT.
 absl::StatusCode ExpectedCode(const std::string& name) {
   if (name.find("ok-end") != std::string::npos) return absl::StatusCode::kUnavailable;
-  if (name == "bad-claims-64-gib.bin" || name == "bad-segment-huge.bin") return absl::StatusCode::kResourceExhausted;
+  if (name == "bad-claims-64-gib.bin" || name == "bad-segment-huge.bin")
+    return absl::StatusCode::kResourceExhausted;
   return absl::StatusCode::kInvalidArgument;
 }
 
@@ -233,8 +238,8 @@ TEST(HostileServer, EveryCorpusStreamIsReadOrRefusedWithinSeconds) {
       EXPECT_TRUE(got.status.ok()) << name << ": " << got.status;
       EXPECT_EQ(got.batches, BatchMessages(records)) << name;
     } else {
-      EXPECT_EQ(got.status.code(), ExpectedCode(name)) << name << ": " << got.status << " after " << got.batches
-                                                       << " batches";
+      EXPECT_EQ(got.status.code(), ExpectedCode(name))
+          << name << ": " << got.status << " after " << got.batches << " batches";
     }
   }
 }
@@ -353,7 +358,8 @@ TEST(HostileServer, SharedMemoryMustBeSealedAgainstShrinking) {
       EXPECT_TRUE(got.status.ok()) << c.what << ": " << got.status;
       EXPECT_EQ(got.batches, 1u) << c.what;
     } else {
-      EXPECT_EQ(got.status.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << got.status;
+      EXPECT_EQ(got.status.code(), absl::StatusCode::kInvalidArgument)
+          << c.what << ": " << got.status;
       EXPECT_EQ(got.batches, 0u);
     }
     if (!c.seals) {

@@ -13,7 +13,9 @@ namespace {
 class NonUtf8Keys : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_.Write("feats.ark", std::string("m\xfcller  [\n  1 2\n  3 4 ]\nplain  [\n  5 6 ]\n\xff\xfe  [\n  7 8 ]\n"));
+    dir_.Write(
+        "feats.ark",
+        std::string("m\xfcller  [\n  1 2\n  3 4 ]\nplain  [\n  5 6 ]\n\xff\xfe  [\n  7 8 ]\n"));
     config_ = dir_.Write("kaldi.yaml", R"(datasets:
   speech:
     randomize: false
@@ -70,7 +72,8 @@ TEST_F(NonUtf8Keys, TravelAsBytesAndDumpAsValidJson) {
   EXPECT_TRUE(ValidUtf8(dumped)) << dumped;
   EXPECT_NE(dumped.find(R"("key":"m\udcfcller")"), std::string::npos) << dumped;
   EXPECT_NE(dumped.find(R"("key":"\udcff\udcfe")"), std::string::npos) << dumped;
-  const std::string subscribed = Run("subscribe " + d.tcp() + " --dataset speech --minibatch-size 100 --dump");
+  const std::string subscribed =
+      Run("subscribe " + d.tcp() + " --dataset speech --minibatch-size 100 --dump");
   EXPECT_EQ(subscribed, dumped);
 }
 

@@ -48,7 +48,9 @@ struct StreamSpec {
   uint64_t minibatch_size = 0, seed = 0, epochs = 1;
   uint32_t credits = 4;
   enum Path { kTcp, kUnix, kShm } path = kTcp;
-  std::string Key() const { return absl::StrCat(dataset, "/", minibatch_size, "/", seed, "/", epochs); }
+  std::string Key() const {
+    return absl::StrCat(dataset, "/", minibatch_size, "/", seed, "/", epochs);
+  }
 };
 
 // What `conveyor dump` prints for each spec, computed once.
@@ -70,8 +72,8 @@ class ExpectedDumps {
 };
 
 struct Tally {
-  std::atomic<int> completed{0}, matched{0}, spanned_restart{0}, cancels{0}, stalls{0}, abandoned{0},
-      resumed_after_error{0};
+  std::atomic<int> completed{0}, matched{0}, spanned_restart{0}, cancels{0}, stalls{0},
+      abandoned{0}, resumed_after_error{0};
   std::mutex mu;
   std::vector<std::string> failures;
   void Fail(const std::string& what) {
@@ -108,7 +110,8 @@ void Subscriber(Shared* shared, uint64_t seed) {
   while (!shared->stop) {
     const StreamSpec spec = RandomSpec(rng);
     const int first_generation = shared->generation;
-    auto client = Client::Connect(spec.path == StreamSpec::kTcp ? shared->tcp : shared->unix_socket);
+    auto client =
+        Client::Connect(spec.path == StreamSpec::kTcp ? shared->tcp : shared->unix_socket);
     if (!client.ok()) {
       shared->tally.Fail(std::string(client.status().message()));
       return;
@@ -142,7 +145,8 @@ void Subscriber(Shared* shared, uint64_t seed) {
           done = true;
           break;
         }
-        AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(), &got);
+        AppendDump(b.descriptor().epoch(), b.descriptor().batch(), b.plan(), b.bytes(), b.cursor(),
+                   &got);
         cursor = b.cursor();
         const uint64_t roll = rng() % 1000;
         if (roll < 25) {  // stall: stop reading with credits out
@@ -169,8 +173,8 @@ void Subscriber(Shared* shared, uint64_t seed) {
     } else {
       size_t at = 0;
       while (at < got.size() && at < expected.size() && got[at] == expected[at]) ++at;
-      shared->tally.Fail(absl::StrCat(spec.Key(), ": differs from the dump at byte ", at, " of ", expected.size(),
-                                      " (got ", got.size(), " bytes)"));
+      shared->tally.Fail(absl::StrCat(spec.Key(), ": differs from the dump at byte ", at, " of ",
+                                      expected.size(), " (got ", got.size(), " bytes)"));
     }
   }
 }
@@ -241,7 +245,8 @@ TEST(Soak, SubscribersCancelStallAndResumeWhileTheDaemonRestarts) {
     const auto term = Clock::now();
     const int status = daemon->Kill(SIGTERM);
     const double seconds = std::chrono::duration<double>(Clock::now() - term).count();
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "restart " << r << ": wait status " << status;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "restart " << r << ": wait status " << status;
     EXPECT_LT(seconds, 10.0) << "restart " << r << ": SIGTERM took that long";
     std::printf("restart %d: SIGTERM ended the daemon in %.2f s\n", r, seconds);
     daemon = std::make_unique<DaemonProcess>(dir.path(), options);
@@ -267,26 +272,32 @@ TEST(Soak, SubscribersCancelStallAndResumeWhileTheDaemonRestarts) {
     // gRPC keeps some threads it grew under load: its executor (up to twice the cores,
     // grpc_core::Executor) and a timer thread; they do not grow with streams.
     return rss < baseline_rss + (32 << 20) && threads == baseline_threads &&
-           grpc_threads <= baseline_grpc_threads + 1 + 2 * static_cast<int>(std::thread::hardware_concurrency()) &&
+           grpc_threads <= baseline_grpc_threads + 1 +
+                               2 * static_cast<int>(std::thread::hardware_concurrency()) &&
            memfds.empty();
   });
   const Tally& t = shared.tally;
-  std::printf("soak: %d streams completed (%d across a restart), %d matched their dump; %d cancels, %d stalls, "
-              "%d abandoned, %d resumed after UNAVAILABLE\n",
-              t.completed.load(), t.spanned_restart.load(), t.matched.load(), t.cancels.load(), t.stalls.load(),
-              t.abandoned.load(), t.resumed_after_error.load());
-  std::printf("soak: RSS baseline %llu MB, peak %llu MB, after %llu MB; conveyord's threads baseline %d, after %d; "
-              "gRPC's threads baseline %d, after %d; all threads at the peak %d\n",
-              static_cast<unsigned long long>(baseline_rss >> 20), static_cast<unsigned long long>(peak_rss >> 20),
-              static_cast<unsigned long long>(rss >> 20), baseline_threads, threads, baseline_grpc_threads,
-              grpc_threads, peak_threads);
+  std::printf(
+      "soak: %d streams completed (%d across a restart), %d matched their dump; %d cancels, %d "
+      "stalls, "
+      "%d abandoned, %d resumed after UNAVAILABLE\n",
+      t.completed.load(), t.spanned_restart.load(), t.matched.load(), t.cancels.load(),
+      t.stalls.load(), t.abandoned.load(), t.resumed_after_error.load());
+  std::printf(
+      "soak: RSS baseline %llu MB, peak %llu MB, after %llu MB; conveyord's threads baseline %d, "
+      "after %d; "
+      "gRPC's threads baseline %d, after %d; all threads at the peak %d\n",
+      static_cast<unsigned long long>(baseline_rss >> 20),
+      static_cast<unsigned long long>(peak_rss >> 20), static_cast<unsigned long long>(rss >> 20),
+      baseline_threads, threads, baseline_grpc_threads, grpc_threads, peak_threads);
   std::string names;
   for (const auto& [name, count] : daemon->ThreadNames()) {
-    absl::StrAppend(&names, name, " ", count, " (baseline ", baseline_names.count(name) ? baseline_names.at(name) : 0, "); ");
+    absl::StrAppend(&names, name, " ", count, " (baseline ",
+                    baseline_names.count(name) ? baseline_names.at(name) : 0, "); ");
   }
-  EXPECT_TRUE(settled) << names << "RSS " << (rss >> 20) << " MB (baseline " << (baseline_rss >> 20) << " MB), threads "
-                       << threads << " (baseline " << baseline_threads << "), " << memfds.size()
-                       << " segments still open";
+  EXPECT_TRUE(settled) << names << "RSS " << (rss >> 20) << " MB (baseline " << (baseline_rss >> 20)
+                       << " MB), threads " << threads << " (baseline " << baseline_threads << "), "
+                       << memfds.size() << " segments still open";
   for (const std::string& f : t.failures) ADD_FAILURE() << f;
   EXPECT_EQ(t.matched.load(), t.completed.load());
   EXPECT_GE(t.completed.load(), 30);
