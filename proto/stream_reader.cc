@@ -1,5 +1,6 @@
 #include "proto/stream_reader.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -145,7 +146,8 @@ absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor
   }
   parts_left_ = b.parts() - 1;
   if (parts_left_ == 0) return Complete();
-  batch_.bytes.reserve(total);
+  // Grown as parts arrive (never allocated up front to a size only claimed).
+  batch_.bytes.reserve(std::min<uint64_t>(total, uint64_t{64} << 20));
   assembling_ = true;
   return Event::kNeedMore;
 }

@@ -7,7 +7,8 @@
 // and host bytes a reader can index safely (ValidateBatchBytes). Any violation is an error
 // that ends the stream (the caller must cancel the call, not wait for the daemon to end it).
 // Both C++ callers (the client library and tests/fuzz/stream_reader_fuzzer.cc) use it; the
-// Python client implements the same checks (client/python/conveyor/client.py).
+// Python client implements the same checks (client/python/conveyor/stream_reader.py), and
+// both run the same corpus of malformed streams (tests/fuzz/corpus/stream_reader_fuzzer).
 #pragma once
 
 #include <cstddef>

@@ -200,8 +200,13 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
       return absl::InvalidArgumentError("the BPTT mask and flags must be uint8 [rows][steps]");
     }
   }
-  const size_t value_size = plan.precision == Precision::kFloat ? 4 : 8;
   const DType value_type = plan.precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
+  // Values are of the dataset's precision, or narrowed from float32 on request (float16,
+  // bfloat16: CheckValueDType's rule).
+  auto is_value = [&](const ArrayDesc& a) {
+    return a.dtype == value_type ||
+           (plan.precision == Precision::kFloat && (a.dtype == DType::kFloat16 || a.dtype == DType::kBFloat16));
+  };
   if (d.streams_size() > kMaxStreams) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", d.streams_size(), " streams (at most ", kMaxStreams, ")"));
   }
@@ -255,21 +260,21 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': ids do not match rows x T"));
       }
     } else if (L.dense_values()) {
-      if (L.values.bytes != rows * T * L.dim * value_size || L.values.dtype != value_type) {
+      if (!is_value(L.values) || L.values.bytes != rows * T * L.dim * DTypeSize(L.values.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': values do not match rows x T x dim"));
       }
     } else if (L.csr()) {
       const size_t ptr = L.rowptr.dtype == DType::kInt64 ? 8 : 4;
-      if (!is_ptr(L.rowptr) || L.colind.dtype != DType::kInt32 || L.values.dtype != value_type ||
+      if (!is_ptr(L.rowptr) || L.colind.dtype != DType::kInt32 || !is_value(L.values) ||
           L.rowptr.bytes != (u128{L.dim} + 1) * ptr || L.colind.bytes != u128{L.nnz} * 4 ||
-          L.values.bytes != u128{L.nnz} * value_size) {
+          L.values.bytes != u128{L.nnz} * DTypeSize(L.values.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': CSR arrays do not match the batch"));
       }
     } else {
       const size_t ptr = L.colptr.dtype == DType::kInt64 ? 8 : 4;
-      if (!is_ptr(L.colptr) || L.rowind.dtype != DType::kInt32 || L.values.dtype != value_type ||
+      if (!is_ptr(L.colptr) || L.rowind.dtype != DType::kInt32 || !is_value(L.values) ||
           L.colptr.bytes != (rows * T + 1) * ptr || L.rowind.bytes != u128{L.nnz} * 4 ||
-          L.values.bytes != u128{L.nnz} * value_size) {
+          L.values.bytes != u128{L.nnz} * DTypeSize(L.values.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat("stream '", name, "': CSC arrays do not match the batch"));
       }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses with clang (ASan + UBSan) and runs each for SECONDS
 # (default 20), starting from the seed corpus in tests/fuzz/corpus/. A crash fails the run
-# and leaves the reproducer in build-fuzz/.
+# and leaves the reproducer in build-fuzz/. The formats' harnesses need only common/; the
+# client's stream reader (stream_reader_fuzzer) needs the protocol, so gRPC is configured.
 # The same sanitized build first runs conveyor_kernel_tests: the CUDA kernels' own code on
 # the host executor against the CPU assembler (tests/gpu/host_kernels_test.cc), so that an
 # out-of-bounds index in a kernel is an ASan report here, not a silent wrong byte on a device.
@@ -10,8 +11,8 @@ cd "$(dirname "$0")/.."
 seconds="${1:-20}"
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCONVEYOR_BUILD_FUZZERS=ON -DCONVEYOR_BUILD_TESTS=ON -DCONVEYOR_BUILD_BENCHMARKS=OFF \
-  -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_SERVICE=OFF -DCONVEYOR_SANITIZE=address,undefined >/dev/null
-fuzzers=(ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer)
+  -DCONVEYOR_CUDA=OFF -DCONVEYOR_BUILD_SERVICE=ON -DCONVEYOR_SANITIZE=address,undefined >/dev/null
+fuzzers=(ctf_parser_fuzzer config_fuzzer cbf_fuzzer kaldi_fuzzer kaldi_spec_fuzzer htk_fuzzer stream_reader_fuzzer)
 cmake --build build-fuzz -j "$(nproc)" --target "${fuzzers[@]}" conveyor_kernel_tests
 echo "conveyor: the CUDA kernels on the host executor, under ASan and UBSan"
 start=$SECONDS

@@ -73,10 +73,13 @@ void StreamReactor::StopLocked() {
 void StreamReactor::OnReadDone(bool ok) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!ok) {  // the client closed its side (or the call ended)
+    client_closed_ = true;
     if (!subscribed_) {
       producer_done_ = true;
       FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the stream closed before a subscribe message"));
+      return;
     }
+    Pump();  // finishes a stream whose end is sent
     return;
   }
   if (finish_called_ || !final_status_.ok()) return;
@@ -135,6 +138,11 @@ void StreamReactor::Pump() {
     return;
   }
   if (producer_done_) {
+    // After the end of the stream the call (and with it the shared-memory segments its
+    // batches lie in) lasts until the client closes its side, as the clients do once they
+    // have read the end: a client still fetching a segment's descriptor must find it there.
+    // A cancel or a drain ends it at once.
+    if (end_queued_ && final_status_.ok() && !client_closed_ && !draining_) return;
     finish_called_ = true;
     Finish(final_status_);
   }
@@ -367,6 +375,7 @@ void StreamReactor::Produce() {
         end.mutable_end()->set_cursor(last_cursor_);
         end.mutable_end()->set_batches(next_serial_);
         queue_.push_back(Outgoing{std::move(end), nullptr, 0, 0});
+        end_queued_ = true;
         break;
       }
       continue;  // waits for a credit

@@ -84,6 +84,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   bool finish_called_ = false;
   bool stop_ = false;  // no more batches (cancel, error, drain)
   bool draining_ = false;
+  bool end_queued_ = false;     // the end-of-stream message is queued (or sent)
+  bool client_closed_ = false;  // the client closed its side (after reading the end)
   uint32_t credits_ = 0;
   std::set<uint64_t> outstanding_;
   uint64_t next_serial_ = 0;

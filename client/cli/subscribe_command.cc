@@ -24,6 +24,8 @@ struct SubscribeArgs {
   bool dump = false;
   uint32_t credits = 0;
   bool no_reconnect = false;
+  double idle_timeout = 60;  // seconds; 0: none
+  double keepalive = 3;      // seconds between pings
   std::string transport = "inline";
   std::string tls_ca, tls_server_name, token_file;
 };
@@ -38,6 +40,8 @@ int RunSubscribe(const SubscribeArgs& args) {
     co.tls_root_certs = *roots;
   }
   co.tls_server_name = args.tls_server_name;
+  co.keepalive_time_ms = static_cast<int>(args.keepalive * 1000);
+  co.keepalive_timeout_ms = co.keepalive_time_ms;
   if (!args.token_file.empty()) {
     auto token = ReadFileToString(args.token_file);
     if (!token.ok()) return Fail(token.status());
@@ -54,6 +58,7 @@ int RunSubscribe(const SubscribeArgs& args) {
   std::vector<std::byte> host;  // --dump of device batches: copied to the host first
   SubscribeOptions so;
   so.reconnect = !args.no_reconnect;
+  so.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(args.idle_timeout * 1000));
   auto sub = (*client)->Subscribe(s, so);
   if (!sub.ok()) return Fail(sub.status());
   ReceivedBatch batch;
@@ -122,6 +127,14 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
   cmd->add_option("--token-file", args->token_file, "File with the bearer token the daemon requires on TCP");
   cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
+  cmd->add_option("--idle-timeout", args->idle_timeout,
+                  "Seconds without a message after which the stream counts as broken (a wedged daemon; "
+                  "default 60, 0: never)")
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--keepalive", args->keepalive,
+                  "Seconds between keepalive pings; a daemon that does not answer one within as long again is "
+                  "gone (default 3)")
+      ->check(CLI::Range(1.0, 3600.0));
   AddStreamOptions(cmd, &args->stream, /*in_process=*/false);
   cmd->callback([cmd, args, exit_code] {
     // The daemon parses and assembles: options that only steer this process would be ignored.

@@ -41,8 +41,17 @@ absl::StatusOr<const StreamLayout*> CheckedStream(const BatchPlan& plan, size_t 
     return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' was delivered as ", delivered,
                                                    ", not ", asked, " (choose with the subscription's layouts)"));
   }
-  if ((plan.precision == Precision::kFloat) != std::is_same<T, float>::value) {
-    return absl::InvalidArgumentError("element type does not match the batch's precision");
+  // The element type must be the values' own: float or double (the batch's precision), or
+  // uint16_t for values narrowed to float16 or bfloat16 (their bit patterns).
+  const DType want = std::is_same<T, uint16_t>::value ? L.values.dtype
+                     : std::is_same<T, float>::value  ? DType::kFloat32
+                                                      : DType::kFloat64;
+  const bool narrowed = L.values.dtype == DType::kFloat16 || L.values.dtype == DType::kBFloat16;
+  if (L.values.dtype != want || (std::is_same<T, uint16_t>::value && !narrowed)) {
+    return absl::InvalidArgumentError(absl::StrCat("stream '", L.name, "' holds ", DTypeName(L.values.dtype),
+                                                   " values: read them as ",
+                                                   narrowed ? "uint16_t (the bit patterns)"
+                                                   : L.values.dtype == DType::kFloat32 ? "float" : "double"));
   }
   return &L;
 }
@@ -116,6 +125,9 @@ template absl::StatusOr<CscView<float>> ReceivedBatch::Csc<float>(size_t) const;
 template absl::StatusOr<CscView<double>> ReceivedBatch::Csc<double>(size_t) const;
 template absl::StatusOr<CsrView<float>> ReceivedBatch::Csr<float>(size_t) const;
 template absl::StatusOr<CsrView<double>> ReceivedBatch::Csr<double>(size_t) const;
+template absl::StatusOr<DenseView<uint16_t>> ReceivedBatch::Dense<uint16_t>(size_t) const;
+template absl::StatusOr<CscView<uint16_t>> ReceivedBatch::Csc<uint16_t>(size_t) const;
+template absl::StatusOr<CsrView<uint16_t>> ReceivedBatch::Csr<uint16_t>(size_t) const;
 
 // ------------------------------------------------------------------ Subscription
 
@@ -123,7 +135,7 @@ Subscription::Subscription(std::vector<std::string> addresses, std::vector<std::
                            size_t first, v1::Subscribe request, SubscribeOptions options, std::string token,
                            ClientLimits limits)
     : addresses_(std::move(addresses)), channels_(std::move(channels)), current_(first),
-      stub_(v1::Loader::NewStub(channels_[current_])), request_(std::move(request)), options_(options),
+      request_(std::move(request)), options_(options),
       token_(std::move(token)), limits_(limits), reader_(limits) {}
 
 Subscription::~Subscription() { Cancel(); }
@@ -138,7 +150,12 @@ void Subscription::Cancel() {
 absl::Status Subscription::Open() {
   context_ = std::make_unique<grpc::ClientContext>();
   if (!token_.empty()) context_->AddMetadata("authorization", "Bearer " + token_);
-  stream_ = stub_->Stream(context_.get());
+  // The headers go with the first write (which the idle deadline bounds): otherwise creating
+  // the call blocks until they are sent, as long as connecting to a frozen daemon takes.
+  context_->set_initial_metadata_corked(true);
+  static const grpc::internal::RpcMethod kStream("/conveyor.v1.Loader/Stream", grpc::internal::RpcMethod::BIDI_STREAMING);
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+      channels_[current_].get(), kStream, context_.get()));
   reader_ = StreamReader(limits_);
   has_unacked_ = false;
   segments_.clear();  // a new stream announces its own segments (batches in hand keep theirs)
@@ -146,11 +163,11 @@ absl::Status Subscription::Open() {
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
-  if (!stream_->Write(first)) {
-    const grpc::Status st = stream_->Finish();
-    stream_.reset();  // finished: Cancel() must not finish it again
-    return FromGrpc(st);
-  }
+  // A failed write shows up in the reads: the call ended (what the daemon sent before is
+  // still read and checked, then Finish() gives the status). Finish() here could block: it
+  // waits for messages nobody reads. A write that waits past the idle deadline (a daemon
+  // that accepted the connection and froze) is cancelled.
+  if (!Write(first)) return Abort(IdleError());
   return absl::OkStatus();
 }
 
@@ -188,24 +205,48 @@ absl::Status Subscription::Abort(absl::Status why) {
   return why;
 }
 
-bool Subscription::Read(v1::StreamResponse* msg, bool* idle) {
-  if (options_.idle_timeout.count() > 0) watchdog_.Arm(context_.get(), options_.idle_timeout);
-  const bool got = stream_->Read(msg);
-  *idle = options_.idle_timeout.count() > 0 && watchdog_.Disarm();
-  return got && !*idle;
+bool Subscription::Write(const v1::StreamRequest& request) {
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::StreamRequest>::Serialize(request, &buffer, &own).ok()) return true;
+  const bool timed = options_.idle_timeout.count() > 0;
+  if (timed) watchdog_.Arm(context_.get(), options_.idle_timeout);
+  (void)stream_->Write(buffer);
+  return !(timed && watchdog_.Disarm());
+}
+
+absl::Status Subscription::IdleError() const {
+  return absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
+                                             options_.idle_timeout.count(), " ms (the idle deadline)"));
+}
+
+Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout) {
+  grpc::ByteBuffer buffer;
+  if (timeout.count() > 0) watchdog_.Arm(context_.get(), timeout);
+  const bool got = stream_->Read(&buffer);
+  if (timeout.count() > 0 && watchdog_.Disarm()) return ReadResult::kIdle;
+  if (!got) return ReadResult::kEnded;
+  if (!grpc::SerializationTraits<v1::StreamResponse>::Deserialize(&buffer, msg).ok()) return ReadResult::kUnparsable;
+  return ReadResult::kMessage;
 }
 
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   while (true) {
     v1::StreamResponse msg;
-    bool idle = false;
-    if (!Read(&msg, &idle)) {
+    const ReadResult read = Read(&msg, options_.idle_timeout);
+    if (read == ReadResult::kUnparsable) {
+      return Abort(absl::InvalidArgumentError("the daemon sent a message that does not parse as a StreamResponse"));
+    }
+    if (read == ReadResult::kIdle) return Abort(IdleError());
+    if (read == ReadResult::kEnded) {
       // The call ended: its status, or (OK) whether the stream's data really ended.
       grpc::Status st = stream_->Finish();
       stream_.reset();
-      if (idle) {
-        return absl::UnavailableError(absl::StrCat("no message from the daemon at ", address(), " for ",
-                                                   options_.idle_timeout.count(), " ms (the idle deadline)"));
+      if (st.error_code() == grpc::StatusCode::CANCELLED) {
+        // Not by this client (its own cancels return before reading): a daemon shutting down
+        // cancels the calls it has not ended, a broken stream to resume like any other.
+        return absl::UnavailableError(absl::StrCat("the daemon at ", address(), " cancelled the stream (",
+                                                   st.error_message(), ")"));
       }
       if (!st.ok()) return FromGrpc(st);
       absl::Status finished = reader_.Finished();
@@ -229,8 +270,21 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
         continue;
       }
       case StreamReader::Event::kEnd: {
-        ended_ = true;
+        // The daemon ends the call right after the end of the stream: one more read says so
+        // (never Finish() on a call that may stay open). A message there is a protocol error;
+        // a call held open past the grace is cancelled, the data being complete.
         stream_->WritesDone();
+        v1::StreamResponse after;
+        const ReadResult last = Read(&after, kEndGrace);
+        if (last == ReadResult::kMessage) return Abort(reader_.Feed(std::move(after)).status());
+        if (last == ReadResult::kUnparsable) {
+          return Abort(absl::InvalidArgumentError("the daemon sent a message after the end of the stream"));
+        }
+        ended_ = true;
+        if (last == ReadResult::kIdle) {
+          (void)Abort(absl::OkStatus());
+          return false;
+        }
         grpc::Status st = stream_->Finish();
         stream_.reset();
         if (!st.ok()) return FromGrpc(st);
@@ -289,7 +343,7 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
       v1::StreamRequest ack;
       ack.mutable_ack()->set_serial(unacked_serial_);
       has_unacked_ = false;
-      stream_->Write(ack);  // a failed write shows up in the next Read
+      if (!Write(ack)) st = Abort(IdleError());  // a failed write shows up in the next Read
     }
     if (st.ok()) {
       auto r = Receive(out);
@@ -307,7 +361,6 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
     Cancel();
     if (channels_.size() > 1) {
       current_ = (current_ + 1) % channels_.size();
-      stub_ = v1::Loader::NewStub(channels_[current_]);
     }
     if (reconnects_ % channels_.size() == 0 || channels_.size() == 1) {
       const int round = reconnects_ / static_cast<int>(channels_.size());

@@ -101,7 +101,9 @@ class ReceivedBatch {
   uint64_t serial() const { return descriptor_.serial(); }
   // Index of the stream called `name`, or -1.
   int StreamIndex(const std::string& name) const;
-  // Typed views; T must match the batch's precision (float or double). Dense() serves
+  // Typed views; T must match the values: float or double (the batch's precision), or
+  // uint16_t for a stream subscribed narrowed (dtypes: float16 or bfloat16; the values' bit
+  // patterns, common/batch/half.h converts them). Dense() serves
   // dense streams and sparse streams subscribed as LAYOUT_DENSE; Csc() sparse streams in
   // their native layout; Csr() those subscribed as LAYOUT_CSR. Errors: InvalidArgument
   // for a wrong stream index, layout or element type.
@@ -163,14 +165,19 @@ class Subscription {
   // A broken stream: cancels the call before finishing it (a daemon that keeps the call open
   // must not hang the client), and returns `why`.
   absl::Status Abort(absl::Status why);
-  // Reads the next message within the idle deadline; false when the call ended (or was
-  // cancelled for idleness: *idle).
-  bool Read(v1::StreamResponse* msg, bool* idle);
+  // Reads the next message, cancelling the call if none comes within `timeout` (0: none).
+  enum class ReadResult { kMessage, kEnded, kIdle, kUnparsable };
+  ReadResult Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout);
+  // How long the call may stay open after the end of the stream (the daemon ends it at once).
+  static constexpr std::chrono::milliseconds kEndGrace{2000};
+  // Writes `request`; false when the write waited past the idle deadline (the call is then
+  // cancelled). A write that fails otherwise shows up in the reads.
+  bool Write(const v1::StreamRequest& request);
+  absl::Status IdleError() const;
 
   const std::vector<std::string> addresses_;
   const std::vector<std::shared_ptr<grpc::Channel>> channels_;
   size_t current_ = 0;
-  std::unique_ptr<v1::Loader::Stub> stub_;
   v1::Subscribe request_;
   const SubscribeOptions options_;
   const std::string token_;
@@ -178,7 +185,9 @@ class Subscription {
   StreamReader reader_;
   IdleWatchdog watchdog_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream_;
+  // Raw bytes both ways: the client parses the daemon's messages itself, so that one that
+  // does not parse is a protocol error it cancels the call for, not a stalled read.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
   bool has_unacked_ = false;
   uint64_t unacked_serial_ = 0;
   std::string last_cursor_;

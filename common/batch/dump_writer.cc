@@ -130,16 +130,56 @@ void AppendStream(const StreamLayout& L, const PlacedPiece& p, uint32_t count, c
 }
 }  // namespace
 
+namespace {
+
+// The length of the valid UTF-8 sequence starting at s[i] (1-4), or 0 if none starts there:
+// no overlong forms, no UTF-16 surrogates (U+D800-DFFF), nothing past U+10FFFF.
+size_t Utf8SequenceAt(const std::string& s, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = at(i);
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // the range of the second byte
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if ((at(i + k) & 0xc0) != 0x80) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
 void AppendJsonStringBody(const std::string& s, std::string* out) {
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = Utf8SequenceAt(s, i);
+    if (n == 0) {
+      // Not UTF-8: the byte as Python's surrogateescape code point, U+DC80-U+DCFF.
+      absl::StrAppend(out, "\\udc", absl::Hex(c, absl::kZeroPad2));
+      ++i;
+    } else if (c == '"' || c == '\\') {
       out->push_back('\\');
-      out->push_back(ch);
+      out->push_back(static_cast<char>(c));
+      ++i;
     } else if (c < 0x20) {
       absl::StrAppend(out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+      ++i;
     } else {
-      out->push_back(ch);
+      out->append(s, i, n);
+      i += n;
     }
   }
 }

@@ -24,9 +24,13 @@ namespace conveyor {
 void AppendDump(uint64_t epoch, uint64_t batch, const BatchPlan& plan,
                 absl::Span<const std::byte> bytes, const std::string& cursor, std::string* out);
 
-// Appends `v` as the dump prints it.
-// Appends `s` escaped for the inside of a JSON string.
+// Appends the bytes `s` escaped for the inside of a JSON string, as valid UTF-8: `"`, `\`
+// and control characters as JSON escapes them; valid UTF-8 sequences unchanged; every byte
+// that is not part of one (keys are bytes: a Kaldi or HTK utterance id need not be UTF-8)
+// as \udcXX, the code point Python's surrogateescape gives it (PEP 383), so that
+// json.loads(x).encode("utf-8", "surrogateescape") is the bytes again.
 void AppendJsonStringBody(const std::string& s, std::string* out);
+// Appends `v` as the dump prints it.
 void AppendNumber(float v, std::string* out);
 void AppendNumber(double v, std::string* out);
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -238,7 +239,7 @@ KALDI = os.path.join(SOURCE, "tests", "data", "kaldi")
 
 
 def read_gt(name):
-    """Kaldi's own decoding (tests/data/kaldi/gt): key -> float32 matrix or int32 vector."""
+    """Kaldi's own decoding (tests/data/kaldi/gt): key (bytes) -> float32 matrix or int32 vector."""
     out = {}
     with open(os.path.join(KALDI, "gt", name)) as f:
         lines = f.readlines()
@@ -247,10 +248,10 @@ def read_gt(name):
             continue
         f = line.split()
         if f[1] == "iv":
-            out[f[0]] = np.array([int(v) for v in f[3:]], dtype=np.int32)
+            out[f[0].encode()] = np.array([int(v) for v in f[3:]], dtype=np.int32)
         else:
             rows, cols = int(f[2]), int(f[3])
-            out[f[0]] = np.array([float(v) for v in f[4:]], dtype=np.float32).reshape(rows, cols)
+            out[f[0].encode()] = np.array([float(v) for v in f[4:]], dtype=np.float32).reshape(rows, cols)
     return out
 
 
@@ -303,6 +304,129 @@ class KaldiTest(unittest.TestCase):
                 proc.terminate()
                 proc.wait(timeout=30)
                 proc.stderr.close()
+
+
+class NonUtf8KeysTest(unittest.TestCase):
+    """Keys are bytes end to end: a Kaldi utterance id that is not UTF-8 (m\\xfcller, Latin-1)
+    reaches the Python client unchanged over TCP and shared memory, and `conveyor dump` prints
+    it as valid UTF-8 JSON whose surrogate escapes give the bytes back."""
+
+    def test_keys_travel_as_bytes_and_dump_as_valid_json(self):
+        keys = [b"m\xfcller", b"plain", b"\xff\xfe"]
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "feats.ark"), "wb") as f:
+                f.write(b"m\xfcller  [\n  1 2\n  3 4 ]\nplain  [\n  5 6 ]\n\xff\xfe  [\n  7 8 ]\n")
+            config = os.path.join(tmp, "kaldi.yaml")
+            with open(config, "w") as f:
+                f.write("datasets:\n  speech:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                        "        rspecifier: \"ark:feats.ark\"\n        input: {features: {dim: 2}}\n")
+            proc, address = start_daemon(tmp, config)
+            try:
+                for c in (conveyor.Client(address), conveyor.Client("unix:" + os.path.join(tmp, "d.sock"))):
+                    transport = "shm" if c.address.startswith("unix:") else "inline"
+                    batches = list(c.subscribe("speech", minibatch_size=100, transport=transport))
+                    self.assertEqual(len(batches), 1)
+                    self.assertEqual(batches[0].keys(), keys, transport)
+                    x = batches[0].dense("features")
+                    np.testing.assert_array_equal(x[0], [[1, 2], [3, 4]])
+                    np.testing.assert_array_equal(x[2, 0], [7, 8])
+                    c.close()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+            out = subprocess.run([CONVEYOR, "dump", config, "--dataset", "speech", "--minibatch-size", "100"],
+                                 check=True, capture_output=True).stdout
+            lines = [json.loads(line) for line in out.decode("utf-8").splitlines()]  # strict: valid UTF-8
+            self.assertEqual([line["key"].encode("utf-8", "surrogateescape") for line in lines], keys)
+            self.assertIn(b'"key":"m\\udcfcller"', out)
+
+
+class FrozenDaemonTest(unittest.TestCase):
+    """A daemon frozen by SIGSTOP keeps its connections open; the client's keepalive pings or
+    its idle deadline notice within seconds: the stream ends UNAVAILABLE, or, with a replica,
+    resumes there from its cursor and the epoch arrives exactly once."""
+
+    def _frozen_error(self, **kwargs):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, address = start_daemon(tmp)
+            try:
+                client = conveyor.Client(address, keepalive_time=kwargs.pop("keepalive_time"), keepalive_timeout=1.0)
+                sub = iter(client.subscribe("sparse", minibatch_size=100, epochs=100, reconnect=False, **kwargs))
+                for _ in range(3):
+                    next(sub)
+                os.kill(proc.pid, signal.SIGSTOP)
+                frozen = time.monotonic()
+                with self.assertRaises(conveyor.ConveyorError) as e:
+                    for _ in range(100):  # what was sent before the freeze, then the error
+                        next(sub)
+                seconds = time.monotonic() - frozen
+                client.close()
+                return e.exception, seconds
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+
+    def test_keepalive_notices_a_frozen_daemon_within_seconds(self):
+        error, seconds = self._frozen_error(keepalive_time=1.0, idle_timeout=None)
+        self.assertEqual(error.code.name, "UNAVAILABLE", str(error))
+        self.assertGreater(seconds, 0.5)
+        self.assertLess(seconds, 6.0)
+
+    def test_the_idle_deadline_notices_a_frozen_daemon_without_keepalive(self):
+        error, seconds = self._frozen_error(keepalive_time=3600.0, idle_timeout=1.5)
+        self.assertEqual(error.code.name, "UNAVAILABLE", str(error))
+        self.assertIn("the idle deadline", str(error))
+        self.assertGreater(seconds, 1.4)
+        self.assertLess(seconds, 6.0)
+
+    def test_a_daemon_frozen_before_the_stream_starts_is_left_after_the_idle_deadline(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, address = start_daemon(tmp)
+            try:
+                os.kill(proc.pid, signal.SIGSTOP)
+                client = conveyor.Client(address, keepalive_time=3600.0)
+                t0 = time.monotonic()
+                with self.assertRaises(conveyor.ConveyorError) as e:
+                    next(iter(client.subscribe("sparse", reconnect=False, idle_timeout=1.5)))
+                self.assertLess(time.monotonic() - t0, 6.0)
+                self.assertEqual(e.exception.code.name, "UNAVAILABLE")
+                self.assertIn("the idle deadline", str(e.exception))
+                client.close()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+                proc.stderr.close()
+
+    def test_a_frozen_daemon_is_left_for_a_replica_and_the_epoch_arrives_once(self):
+        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
+            a, a_address = start_daemon(a_dir)
+            b, b_address = start_daemon(b_dir)
+            try:
+                client = conveyor.Client([a_address, b_address], keepalive_time=1.0, keepalive_timeout=1.0)
+                keys, longest, last = [], 0.0, time.monotonic()
+                sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True, idle_timeout=5.0)
+                for n, batch in enumerate(sub):
+                    now = time.monotonic()
+                    longest, last = max(longest, now - last), now
+                    keys.extend(batch.keys())
+                    if n == 4:
+                        self.assertEqual(sub.address_index, 0)
+                        os.kill(a.pid, signal.SIGSTOP)
+                self.assertEqual(sub.address_index, 1)
+                self.assertLess(longest, 6.0)
+                self.assertEqual(len(keys), 2000)
+                self.assertEqual(len(set(keys)), 2000)
+                client.close()
+            finally:
+                os.kill(a.pid, signal.SIGCONT)
+                for p in (a, b):
+                    p.kill()
+                    p.wait(timeout=30)
+                    p.stderr.close()
 
 
 class FailoverTest(unittest.TestCase):

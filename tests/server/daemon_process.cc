@@ -29,9 +29,9 @@ DaemonProcess::DaemonProcess(const std::string& dir, const DaemonProcessOptions&
   const std::string port_file = dir + "/port." + std::to_string(n);
   const std::string config =
       options.config.empty() ? std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml" : options.config;
-  std::vector<std::string> args = {"conveyord", config, "--listen", "127.0.0.1:0", "--port-file", port_file};
+  std::vector<std::string> args = {"conveyord", config, "--listen", options.listen, "--port-file", port_file};
   if (options.unix_socket) {
-    socket_ = dir + "/d" + std::to_string(n) + ".sock";
+    socket_ = options.socket_path.empty() ? dir + "/d" + std::to_string(n) + ".sock" : options.socket_path;
     args.push_back("--unix");
     args.push_back(socket_);
   } else {
@@ -84,6 +84,21 @@ int DaemonProcess::Threads() const {
   int n = 0;
   in >> n;
   return n;
+}
+
+std::map<std::string, int> DaemonProcess::ThreadNames() const {
+  std::map<std::string, int> out;
+  const std::string dir = "/proc/" + std::to_string(pid_) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(dir + "/" + e->d_name + "/comm");
+    std::string name;
+    if (std::getline(in, name)) ++out[name];
+  }
+  ::closedir(d);
+  return out;
 }
 
 std::vector<std::string> DaemonProcess::OpenFiles() const {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@ namespace conveyor::testing {
 struct DaemonProcessOptions {
   std::string config;              // default: examples/conveyor.yaml
   bool unix_socket = false;        // listen on <dir>/d<N>.sock too (shared memory)
+  std::string socket_path;         // with unix_socket: this path instead (a restart at the same place)
+  std::string listen = "127.0.0.1:0";  // TCP; a fixed port for a restart at the same address
   std::vector<std::string> extra;  // more flags
 };
 
@@ -36,6 +39,8 @@ class DaemonProcess {
   // From /proc/PID: resident memory (VmRSS) in bytes and the number of threads.
   uint64_t RssBytes() const;
   int Threads() const;
+  // The threads' names (/proc/PID/task/*/comm), each with its count.
+  std::map<std::string, int> ThreadNames() const;
   // What /proc/PID/fd points at, one entry a descriptor (e.g. "socket:[123]", "/memfd:...").
   std::vector<std::string> OpenFiles() const;
 

@@ -1,10 +1,14 @@
 // conveyord as a process: kill -9 mid-epoch, restart, resume from the last batch consumed:
-// every sequence of the epoch arrives, none twice. SIGTERM drains and exits 0.
+// every sequence of the epoch arrives, none twice. SIGTERM drains and exits 0. A daemon
+// frozen by SIGSTOP is noticed within seconds (keepalive, idle deadline) and left for a replica.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -147,6 +151,130 @@ TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {
   }
   stopper.join();
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+}
+
+// A daemon frozen by SIGSTOP keeps its connections open (the kernel still acknowledges TCP),
+// so only the client's own clocks notice: HTTP/2 keepalive (a ping every keepalive_time_ms
+// unanswered for keepalive_timeout_ms more closes the connection) and the idle deadline (no
+// message for idle_timeout). Each alone ends the stream UNAVAILABLE within seconds.
+struct FrozenCase {
+  const char* what;
+  int keepalive_time_ms;  // INT32_MAX: no keepalive pings in this case
+  std::chrono::milliseconds idle_timeout;
+  const char* message;  // part of the error's message
+};
+
+class FrozenDaemon : public ::testing::TestWithParam<FrozenCase> {};
+
+TEST_P(FrozenDaemon, TheClientLearnsWithinSecondsAndGetsUnavailable) {
+  const FrozenCase& c = GetParam();
+  TempDir dir;
+  DaemonProcess d(dir.path());
+  ASSERT_TRUE(d.started());
+  ClientOptions options;
+  options.keepalive_time_ms = c.keepalive_time_ms;
+  options.keepalive_timeout_ms = 1000;
+  auto client = Client::Connect(d.address(), options);
+  SubscribeOptions once;
+  once.reconnect = false;
+  once.idle_timeout = c.idle_timeout;
+  v1::Subscribe s = Sub();
+  s.set_epochs(100);
+  auto sub = (*client)->Subscribe(s, once);
+  ReceivedBatch b;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(*(*sub)->Next(&b));
+  d.Signal(SIGSTOP);
+  const auto frozen = std::chrono::steady_clock::now();
+  absl::Status error;
+  int after = 0;
+  while (true) {  // what was sent before the freeze, then the error
+    auto more = (*sub)->Next(&b);
+    if (!more.ok()) {
+      error = more.status();
+      break;
+    }
+    ASSERT_TRUE(*more);
+    ASSERT_LT(++after, 100) << "batches keep coming from a stopped daemon";
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen).count();
+  std::printf("%s: UNAVAILABLE %.1f s after SIGSTOP (%d batches in flight read first): %s\n", c.what, seconds,
+              after, std::string(error.message()).c_str());
+  EXPECT_EQ(error.code(), absl::StatusCode::kUnavailable) << error;
+  EXPECT_NE(error.message().find(c.message), std::string::npos) << error;
+  EXPECT_LT(seconds, 6.0);
+  EXPECT_GT(seconds, 0.5);  // it was the clock, not something else ending the stream at once
+  d.Signal(SIGCONT);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Clocks, FrozenDaemon,
+    ::testing::Values(FrozenCase{"keepalive", 1000, std::chrono::milliseconds(0), "keepalive"},
+                      FrozenCase{"idle deadline", INT32_MAX, std::chrono::milliseconds(1500), "the idle deadline"}),
+    [](const ::testing::TestParamInfo<FrozenCase>& param) {
+      return std::string(param.param.keepalive_time_ms == INT32_MAX ? "IdleDeadline" : "Keepalive");
+    });
+
+// `conveyor subscribe --idle-timeout` against a daemon frozen before the stream starts: the
+// command ends with the idle deadline's error instead of waiting.
+TEST(DaemonProcess, SubscribeCommandGivesUpOnAFrozenDaemonAfterItsIdleTimeout) {
+  TempDir dir;
+  DaemonProcess d(dir.path());
+  ASSERT_TRUE(d.started());
+  d.Signal(SIGSTOP);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string cmd = std::string(CONVEYOR_BINARY) + " subscribe " + d.address() +
+                          " --dataset sparse --no-reconnect --idle-timeout 1.5 --keepalive 3600 2>&1";
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  d.Signal(SIGCONT);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find("for 1500 ms (the idle deadline)"), std::string::npos) << out;
+  EXPECT_LT(seconds, 6.0) << out;
+}
+
+// Two replicas: the one serving the stream is frozen mid-epoch; within seconds the
+// subscription resumes from its cursor on the other, and the epoch arrives exactly once.
+TEST(DaemonProcess, AFrozenDaemonIsLeftForAReplicaWithinSecondsAndTheEpochArrivesOnce) {
+  TempDir dir;
+  DaemonProcess a(dir.path());
+  DaemonProcess b(dir.path());
+  ASSERT_TRUE(a.started() && b.started());
+  ClientOptions options;
+  options.keepalive_time_ms = 1000;
+  options.keepalive_timeout_ms = 1000;
+  auto client = Client::Connect(a.address() + "," + b.address(), options);
+  SubscribeOptions resume;
+  resume.idle_timeout = std::chrono::milliseconds(5000);
+  auto sub = (*client)->Subscribe(Sub(), resume);
+  std::multiset<uint64_t> keys;
+  ReceivedBatch batch;
+  uint64_t batches = 0;
+  double longest_wait = 0;
+  auto last = std::chrono::steady_clock::now();
+  while (true) {
+    auto more = (*sub)->Next(&batch);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    const auto now = std::chrono::steady_clock::now();
+    longest_wait = std::max(longest_wait, std::chrono::duration<double>(now - last).count());
+    last = now;
+    for (uint64_t k : batch.descriptor().pieces().key()) keys.insert(k);
+    if (++batches == 5) {
+      EXPECT_EQ((*sub)->address(), a.address());
+      a.Signal(SIGSTOP);
+    }
+  }
+  std::printf("longest wait for a batch across the freeze: %.1f s\n", longest_wait);
+  EXPECT_EQ((*sub)->address(), b.address());
+  EXPECT_LT(longest_wait, 6.0);
+  EXPECT_EQ(keys.size(), 2000u);
+  EXPECT_EQ(std::set<uint64_t>(keys.begin(), keys.end()).size(), 2000u);
 }
 
 }  // namespace

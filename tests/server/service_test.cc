@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "client/cpp/conveyor_client.h"
+#include "client/cpp/shared_segment.h"
 #include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
 #include "gtest/gtest.h"
@@ -73,6 +74,42 @@ TEST(Service, SubscribeDeliversWhatDumpPrintsOverTcpAndUnix) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, expected) << address;
   }
+}
+
+// Values narrowed on request (float16, bfloat16) pass the client's checks and arrive as the
+// local dump prints them; the typed views insist on the values' own type: uint16_t bit
+// patterns for a narrowed stream, float for the others.
+TEST(Service, NarrowedValuesArriveAsDumpPrintsThem) {
+  Daemon d;
+  auto client = Client::Connect(d.tcp());
+  for (const char* dataset : {"simple", "sparse"}) {
+    v1::Subscribe s = Sub(dataset, 100);
+    StreamRequest extra;
+    const std::string first = std::string(dataset) == "simple" ? "features" : "words";
+    const std::string second = std::string(dataset) == "simple" ? "labels" : "label";
+    (*s.mutable_dtypes())[first] = v1::DTYPE_FLOAT16;
+    (*s.mutable_dtypes())[second] = v1::DTYPE_BFLOAT16;
+    extra.value_dtypes[first] = DType::kFloat16;
+    extra.value_dtypes[second] = DType::kBFloat16;
+    auto sub = (*client)->Subscribe(s);
+    auto got = Drain(sub->get());
+    ASSERT_TRUE(got.ok()) << dataset << ": " << got.status();
+    EXPECT_EQ(*got, LocalDump(dataset, 100, extra)) << dataset;
+  }
+  v1::Subscribe s = Sub("simple", 10);
+  (*s.mutable_dtypes())["features"] = v1::DTYPE_FLOAT16;
+  auto sub = (*client)->Subscribe(s);
+  ReceivedBatch b;
+  ASSERT_TRUE(*(*sub)->Next(&b));
+  const int features = b.StreamIndex("features"), labels = b.StreamIndex("labels");
+  auto as_float = b.Dense<float>(features);
+  EXPECT_EQ(as_float.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(as_float.status().message(), "stream 'features' holds float16 values: read them as uint16_t (the bit patterns)");
+  auto bits = b.Dense<uint16_t>(features);
+  ASSERT_TRUE(bits.ok()) << bits.status();
+  EXPECT_EQ(bits->rows, 10u);
+  EXPECT_EQ(b.Dense<uint16_t>(labels).status().message(), "stream 'labels' holds float32 values: read them as float");
+  EXPECT_TRUE(b.Dense<float>(labels).ok());
 }
 
 TEST(Service, SequencesAndTruncatedStreamsMatchDumpToo) {
@@ -503,6 +540,33 @@ TEST(SharedMemory, DeliversTheSameBytesAsInline) {
     EXPECT_EQ(*got, LocalDump(dataset, 64)) << dataset;
   }
   EXPECT_EQ(DevShm(), before);  // memfd segments have no name: nothing to leave behind
+}
+
+// A stream that ends right after its batches: the daemon keeps the call, and the segments its
+// batches lie in, until the client closes its side, so a client that fetches a segment's
+// descriptor only after the end arrived still gets it (the daemon used to finish at once and
+// free the segment: "the daemon sent no segment descriptor", seen under load).
+TEST(SharedMemory, SegmentsOutliveTheEndUntilTheClientClosesItsSide) {
+  Daemon d;
+  auto stub = v1::Loader::NewStub(grpc::CreateChannel(d.unix_socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto stream = stub->Stream(&ctx);
+  v1::Subscribe s = Sub("simple", 1000);  // one batch
+  s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+  ASSERT_TRUE(stream->Write(SubscribeRequest(s)));
+  std::vector<v1::SharedMemorySegment> segments;
+  v1::StreamResponse m;
+  while (stream->Read(&m) && !m.has_end()) {
+    if (m.has_segment()) segments.push_back(m.segment());
+  }
+  ASSERT_TRUE(m.has_end());
+  ASSERT_EQ(segments.size(), 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a slow client
+  auto mapped = MapSharedSegment(segments[0]);
+  EXPECT_TRUE(mapped.ok()) << mapped.status();
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&m));  // the daemon ends the call once the client closed its side
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST(SharedMemory, BatchesLargerThanTheFirstGetANewSegment) {

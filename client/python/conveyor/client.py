@@ -1,18 +1,36 @@
-"""The conveyor client: connect, subscribe, iterate batches as numpy views."""
+"""The conveyor client: connect, subscribe, iterate batches as numpy views.
+
+The daemon is treated as untrusted, with the C++ client's checks (conveyor.stream_reader):
+sizes bounded by the client's limits, serials, parts, arrays, shapes, pieces, lengths and
+pointers checked before a batch is handed out, and a malformed stream is a ConveyorError
+(never a hang, never a silent end); shared-memory segments must be sealed against
+shrinking. Keepalive pings notice a frozen or vanished daemon within seconds, and a stream
+that receives nothing for `idle_timeout` seconds is treated as broken: both resume from the
+last cursor on the next daemon.
+"""
 
 import collections
+import fcntl
 import mmap
 import os
 import queue
 import socket
+import stat
+import threading
 import time
 
 import grpc
 import numpy as np
 
 from conveyor import cuda_ipc
+from conveyor.stream_reader import ProtocolError, StreamReader, check_bytes, stream_layout
 from conveyor.v1 import conveyor_pb2 as pb
 from conveyor.v1 import conveyor_pb2_grpc as pb_grpc
+
+MAX_BATCH_BYTES = 16 << 30  # the daemon's own limit on a batch
+MAX_SEGMENT_BYTES = 1 << 40
+_STREAM = "/conveyor.v1.Loader/Stream"
+_END_GRACE = 2.0  # seconds the call may stay open after the end of the stream (the daemon ends it at once)
 
 _DTYPES = {
     pb.DTYPE_FLOAT32: np.float32,
@@ -95,8 +113,10 @@ class Batch:
         return list(self._streams)
 
     def keys(self):
-        """The sequence keys, one per piece (row order as the daemon placed them): the
-        utterance ids of Kaldi/HTK datasets (strings), the numeric ids of CTF/CBF ones."""
+        """The sequence keys, one per piece (row order as the daemon placed them): the numeric
+        ids of CTF/CBF datasets (ints), the utterance ids of Kaldi/HTK ones as the bytes written
+        (`bytes`: they need not be UTF-8; `conveyor dump` prints a byte that is not as \\udcXX,
+        so json.loads(line)["key"].encode("utf-8", "surrogateescape") equals the key)."""
         if len(self.descriptor.pieces.name):
             return list(self.descriptor.pieces.name)
         return list(self.descriptor.pieces.key)
@@ -123,12 +143,7 @@ class Batch:
 
     def layout(self, name):
         """How the stream was delivered: "dense", "csc", "csr" or "ids"."""
-        s = self._stream(name)
-        if s.format == pb.FORMAT_IDS:
-            return "ids"
-        if s.format != pb.FORMAT_SPARSE or s.layout == pb.LAYOUT_DENSE:
-            return "dense"
-        return "csr" if s.layout == pb.LAYOUT_CSR else "csc"
+        return stream_layout(self._stream(name))
 
     def dense(self, name):
         """Dense values: [rows, T, dim] (sequence mode) or [rows, dim] (frame mode). Also a
@@ -194,16 +209,17 @@ class Batch:
 class Subscription:
     """An iterator of Batch. Each batch is acknowledged when the next one is asked for."""
 
-    def __init__(self, stubs, subscribe, reconnect=True, max_reconnects=5, first=0):
-        self._stubs = stubs  # one per daemon address: a failed daemon's stream resumes on the next
+    def __init__(self, client, subscribe, reconnect=True, max_reconnects=5, first=0, idle_timeout=60.0):
+        self._client = client  # its channels: one per daemon address; a failed daemon's stream resumes on the next
         self._current = first
-        self._stub = stubs[first]
         self._subscribe = subscribe
         self._reconnect = reconnect
         self._max_reconnects = max_reconnects
+        self._idle_timeout = idle_timeout
         self._cursor = subscribe.resume_cursor
         self._requests = None
         self._responses = None
+        self._reader = None
         self._pending_ack = None
         self._done = False
         self._reconnects = 0
@@ -215,6 +231,7 @@ class Subscription:
         # while the daemon refills the slots of the batches before it.
         self._releasing = collections.deque()
         self._credits = subscribe.initial_credits or 4
+        self._idle = False
 
     @property
     def cursor(self):
@@ -230,6 +247,7 @@ class Subscription:
         self._segments = {}  # a new stream announces its own segments
         cuda_ipc.wait_released(held for _, held in self._releasing)  # readers of the old blocks first
         self._blocks = {}
+        self._reader = StreamReader(self._client.max_batch_bytes, self._client.max_segment_bytes)
         self._requests = queue.Queue()
         first = pb.StreamRequest()
         first.subscribe.CopyFrom(self._subscribe)
@@ -244,7 +262,7 @@ class Subscription:
                     return
                 yield item
 
-        self._responses = self._stub.Stream(requests())
+        self._responses = self._client._stream(self._current)(requests())
         self._pending_ack = None
         self._releasing.clear()  # a new stream: the old one's slots are gone
 
@@ -254,19 +272,37 @@ class Subscription:
         self._requests.put(ack)
 
     def _map_segment(self, seg):
-        if len(seg.token) != 16 or seg.bytes == 0:
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a shared-memory announcement is malformed")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(seg.fd_socket)
-            sock.sendall(seg.token)
-            _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-        if not fds:
-            raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the daemon sent no segment descriptor")
+        """The segment's descriptor from the daemon's descriptor socket, checked (a regular
+        file at least as large as announced, sealed against shrinking) and mapped read-only."""
         try:
-            self._segments[seg.id] = mmap.mmap(fds[0], seg.bytes, prot=mmap.PROT_READ)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(seg.fd_socket)
+                sock.sendall(seg.token)
+                _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        except OSError as e:
+            raise ConveyorError(grpc.StatusCode.UNAVAILABLE,
+                                f"cannot reach the daemon's descriptor socket {seg.fd_socket}: {e}", self._cursor) from None
+        if not fds:
+            raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the daemon sent no segment descriptor", self._cursor)
+        fd = fds[0]
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ProtocolError("the shared-memory segment is not a memory file")
+            if st.st_size < seg.bytes:
+                raise ProtocolError(f"the shared-memory segment has {st.st_size} bytes, {seg.bytes} were announced")
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:
+                seals = 0
+            if not seals & fcntl.F_SEAL_SHRINK:
+                raise ProtocolError("the shared-memory segment is not sealed against shrinking (F_SEAL_SHRINK): "
+                                    "a truncation could crash the client")
+            self._segments[seg.id] = mmap.mmap(fd, seg.bytes, prot=mmap.PROT_READ)
         finally:
-            os.close(fds[0])
+            for f in fds:
+                os.close(f)
 
     def close(self):
         if self._requests is not None:
@@ -304,69 +340,137 @@ class Subscription:
                 self._reconnects = 0
                 return batch
             except grpc.RpcError as e:
-                code = e.code()
+                code, details = e.code(), e.details()
+                if self._idle:
+                    code = grpc.StatusCode.UNAVAILABLE
+                    details = f"no message from the daemon for {self._idle_timeout} s (the idle deadline)"
+                elif code == grpc.StatusCode.CANCELLED:
+                    # Not by this client (it stops reading once it cancels): a daemon shutting
+                    # down cancels the calls it has not ended, a broken stream to resume.
+                    code = grpc.StatusCode.UNAVAILABLE
+                    details = f"the daemon cancelled the stream ({details})"
+                self._fail_over(code, details)
+            except ProtocolError as e:
+                self.close()  # cancels the call: a daemon that keeps it open must not hold the client
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED if e.resource else grpc.StatusCode.INVALID_ARGUMENT
+                raise ConveyorError(code, str(e), self._cursor) from None
+            except ConveyorError:
                 self.close()
-                limit = self._max_reconnects * len(self._stubs)
-                if code == grpc.StatusCode.UNAVAILABLE and self._reconnect and self._reconnects < limit:
-                    # Resume from the cursor on the next daemon; back off after trying them all.
-                    self._reconnects += 1
-                    self._current = (self._current + 1) % len(self._stubs)
-                    self._stub = self._stubs[self._current]
-                    if self._reconnects % len(self._stubs) == 0:
-                        time.sleep(0.1 * 2 ** min(self._reconnects // len(self._stubs), 5))
-                    continue
-                raise ConveyorError(code, e.details(), self._cursor) from None
+                raise
+
+    def _fail_over(self, code, details):
+        """A broken stream: resume from the cursor on the next daemon (UNAVAILABLE, while
+        reconnects last), else raise."""
+        self.close()
+        limit = self._max_reconnects * len(self._client.addresses)
+        if code != grpc.StatusCode.UNAVAILABLE or not self._reconnect or self._reconnects >= limit:
+            raise ConveyorError(code, details, self._cursor) from None
+        # Resume from the cursor on the next daemon; back off after trying them all.
+        self._reconnects += 1
+        self._current = (self._current + 1) % len(self._client.addresses)
+        if self._reconnects % len(self._client.addresses) == 0:
+            time.sleep(0.1 * 2 ** min(self._reconnects // len(self._client.addresses), 5))
+
+    def _next_message(self, timeout):
+        """The next message's bytes, or None when the call ended with OK. Cancels the call
+        when nothing arrives within `timeout` seconds (None: no limit; the RpcError then says
+        CANCELLED, and self._idle is set)."""
+        self._idle = False
+        timer = None
+        if timeout:
+            responses = self._responses
+
+            def expire():
+                self._idle = True
+                responses.cancel()
+
+            timer = threading.Timer(timeout, expire)
+            timer.daemon = True
+            timer.start()
+        try:
+            return next(self._responses, None)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _receive(self):
-        msg = next(self._responses, None)
-        while msg is not None and (msg.HasField("segment") or msg.HasField("cuda_segment")):
-            if msg.HasField("cuda_segment"):
+        while True:
+            raw = self._next_message(self._idle_timeout)
+            if raw is None:  # the call ended with OK: only after an end of stream
                 try:
-                    self._blocks[msg.cuda_segment.id] = cuda_ipc.Block(msg.cuda_segment)
+                    self._reader.finished()
+                except ProtocolError as e:
+                    raise _Broken(str(e)) from None
+                self._done = True
+                raise StopIteration
+            kind, value = self._reader.feed(raw)
+            if kind == "more":
+                continue
+            if kind == "segment":
+                self._map_segment(value)
+                continue
+            if kind == "cuda_segment":
+                try:
+                    self._blocks[value.id] = cuda_ipc.Block(value)
                 except (RuntimeError, ValueError) as e:
                     raise ConveyorError(grpc.StatusCode.FAILED_PRECONDITION, str(e), self._cursor) from None
-            else:
-                self._map_segment(msg.segment)
-            msg = next(self._responses, None)
-        if msg is None:
-            raise ConveyorError(grpc.StatusCode.UNAVAILABLE, "the stream ended early", self._cursor)
-        if msg.HasField("end"):
-            self._done = True
-            self.close()
-            raise StopIteration
-        d = msg.batch
-        if d.HasField("cuda_ipc"):
-            block = self._blocks.get(d.cuda_ipc.segment)
-            if block is None or d.cuda_ipc.offset + d.total_bytes > block.size:
-                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch lies outside its CUDA IPC segment")
+                continue
+            if kind == "end":
+                self._after_end()
+            d, buffer = value
+            if d.HasField("cuda_ipc"):
+                block = self._blocks.get(d.cuda_ipc.segment)
+                if block is None or d.cuda_ipc.offset + d.total_bytes > block.size:
+                    raise ProtocolError("the daemon sent a batch outside its CUDA IPC segment")
+                self._pending_ack = d.serial
+                self._cursor = d.cursor
+                self._held = Batch(d, None, block, d.cuda_ipc.offset)
+                return self._held
+            if d.HasField("shm"):
+                seg = self._segments.get(d.shm.segment)
+                if seg is None or d.shm.offset + d.total_bytes > len(seg):
+                    raise ProtocolError("the daemon sent a batch outside its shared-memory segment")
+                buffer = memoryview(seg)[d.shm.offset:d.shm.offset + d.total_bytes]
+                try:
+                    check_bytes(d, buffer)
+                except ProtocolError as e:
+                    raise ProtocolError(f"batch {d.serial}: {e}") from None
             self._pending_ack = d.serial
             self._cursor = d.cursor
-            self._held = Batch(d, None, block, d.cuda_ipc.offset)
-            return self._held
-        if d.HasField("shm"):
-            seg = self._segments.get(d.shm.segment)
-            if seg is None or d.shm.offset + d.total_bytes > len(seg):
-                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch lies outside its shared-memory segment")
-            self._pending_ack = d.serial
-            self._cursor = d.cursor
-            return Batch(d, memoryview(seg)[d.shm.offset:d.shm.offset + d.total_bytes])
-        buffer = bytearray(d.total_bytes)
-        data = d.payload.data
-        buffer[0:len(data)] = data
-        filled = len(data)
-        for _ in range(1, d.parts):
-            more = next(self._responses)
-            p = more.more.payload
-            if more.more.serial != d.serial or p.offset != filled:
-                raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch's parts arrived out of order")
-            buffer[filled:filled + len(p.data)] = p.data
-            filled += len(p.data)
-        if filled != d.total_bytes:
-            raise ConveyorError(grpc.StatusCode.INVALID_ARGUMENT, "a batch's bytes are incomplete")
-        d.payload.ClearField("data")
-        self._pending_ack = d.serial
-        self._cursor = d.cursor
-        return Batch(d, buffer)
+            return Batch(d, buffer)
+
+
+    def _after_end(self):
+        """The daemon ends the call right after the end of the stream: one more read says so.
+        A message there is a protocol error; a call held open past the grace is cancelled (the
+        data is complete); another status is the stream's."""
+        self._requests.put(None)  # no more requests (writes done)
+        try:
+            raw = self._next_message(_END_GRACE)
+        except grpc.RpcError:
+            if not self._idle:
+                raise
+            raw = None
+        if raw is not None:
+            self._reader.feed(raw)  # raises: a message after the end of the stream
+        self._done = True
+        self.close()
+        raise StopIteration
+
+
+class _Broken(grpc.RpcError):
+    """A call that ended with OK before its data did: broken off like a daemon that went
+    away (UNAVAILABLE), so the stream resumes from its cursor."""
+
+    def __init__(self, details):
+        super().__init__(details)
+        self._details = details
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return self._details
 
 
 class _Stub:
@@ -390,15 +494,29 @@ class Client:
     on the next.
 
     root_certificates (PEM bytes): connect with TLS trusting them; server_name: the name the
-    daemon's certificate carries, if not the host's; token: the daemon's bearer token."""
+    daemon's certificate carries, if not the host's; token: the daemon's bearer token.
+    max_batch_bytes, max_segment_bytes: the largest batch and shared-memory segment accepted
+    from a daemon. keepalive_time/keepalive_timeout (seconds): a ping that often; a daemon that
+    does not answer within the timeout is gone (its streams fail over)."""
 
-    def __init__(self, address, root_certificates=None, server_name=None, token=None):
+    def __init__(self, address, root_certificates=None, server_name=None, token=None,
+                 max_batch_bytes=MAX_BATCH_BYTES, max_segment_bytes=MAX_SEGMENT_BYTES,
+                 keepalive_time=3.0, keepalive_timeout=3.0):
         addresses = address if isinstance(address, (list, tuple)) else address.split(",")
         self.addresses = [a.strip() for a in addresses if a.strip()]
         if not self.addresses:
             raise ValueError("no daemon address given")
         self.address = self.addresses[0]
-        options = [("grpc.max_receive_message_length", -1)]
+        self.max_batch_bytes = max_batch_bytes
+        self.max_segment_bytes = max_segment_bytes
+        options = [
+            # A message holds a descriptor and at most one inline part.
+            ("grpc.max_receive_message_length", min(max_batch_bytes + (64 << 20), 2**31 - 1)),
+            ("grpc.keepalive_time_ms", int(keepalive_time * 1000)),
+            ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
         if root_certificates is not None and server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         self._channels = []
@@ -408,7 +526,16 @@ class Client:
             else:
                 self._channels.append(grpc.insecure_channel(a, options=options))
         self._stubs = [_Stub(pb_grpc.LoaderStub(c), token) for c in self._channels]
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._current = 0
+
+    def _stream(self, index):
+        """The Stream call on daemon `index`, raw bytes back: the subscription parses them."""
+        call = self._channels[index].stream_stream(_STREAM, request_serializer=pb.StreamRequest.SerializeToString,
+                                                   response_deserializer=None)
+        if self._metadata is None:
+            return call
+        return lambda requests: call(requests, metadata=self._metadata)
 
     def close(self):
         for c in self._channels:
@@ -435,7 +562,8 @@ class Client:
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
                   rank=None, world=None, frame_mode=None, truncation=0, parallel=0, credits=4, resume=None,
                   reconnect=True, transport="inline", layouts=None, cuda_device=None, dtypes=None,
-                  distribution=None, first_epoch=None, batch_stride=1, batch_offset=0):
+                  distribution=None, first_epoch=None, batch_stride=1, batch_offset=0, minibatch_mode=None,
+                  idle_timeout=60.0):
         """A Subscription (iterate it for Batch objects). `resume`: a cursor to continue after.
         transport="shm" (same host, through the daemon's unix socket): batches stay in the
         daemon's shared-memory slots and only descriptors travel. transport="cuda" (same host,
@@ -447,7 +575,10 @@ class Client:
         (bfloat16 arrays are uint16 bit patterns). `distribution`: "balanced" or "chunks" (how
         ranks share a minibatch; default the dataset's). `first_epoch`: start at that epoch's
         first batch. `batch_stride`/`batch_offset`: only batches k with k % stride == offset
-        (DataLoader workers sharing a stream; cursors stay the whole stream's)."""
+        (DataLoader workers sharing a stream; cursors stay the whole stream's).
+        `minibatch_mode`: "partial" or "full" (default: the dataset's). `idle_timeout`
+        (seconds, None for none): a stream that receives nothing for this long is treated as
+        broken and resumed on the next daemon."""
         transports = {"inline": pb.TRANSPORT_INLINE, "shm": pb.TRANSPORT_SHARED_MEMORY, "cuda": pb.TRANSPORT_CUDA_IPC}
         if transport not in transports:
             raise ValueError("transport must be 'inline', 'shm' or 'cuda'")
@@ -489,4 +620,9 @@ class Client:
             s.world = world
         if frame_mode is not None:
             s.frame_mode = frame_mode
-        return Subscription(self._stubs, s, reconnect=reconnect, first=self._current)
+        if minibatch_mode is not None:
+            modes = {"partial": pb.MINIBATCH_MODE_PARTIAL, "full": pb.MINIBATCH_MODE_FULL}
+            if minibatch_mode not in modes:
+                raise ValueError("minibatch_mode must be 'partial' or 'full'")
+            s.minibatch_mode = modes[minibatch_mode]
+        return Subscription(self, s, reconnect=reconnect, first=self._current, idle_timeout=idle_timeout)
