@@ -63,12 +63,13 @@ from conveyor.client import Batch, Client, ConveyorError
 warnings.filterwarnings("ignore", message="Sparse CSC tensor support is in beta state")
 
 _FORMAT_SPARSE, _FORMAT_IDS = 1, 2
-# Datasets whose main-process stream is open between epochs: closed at exit, while gRPC's
+# Datasets whose main-process stream is open between epochs: closed before a fork (gRPC
+# forks safely only without calls in flight) and at exit, while gRPC's
 # threads still run (closing a stream during interpreter finalization waits forever).
 _OPEN = weakref.WeakValueDictionary()
 
 
-def _close_all_at_exit():
+def _close_open_streams():
     for ds in list(_OPEN.values()):
         try:
             ds.close()
@@ -76,7 +77,7 @@ def _close_all_at_exit():
             pass
 
 
-atexit.register(_close_all_at_exit)
+atexit.register(_close_open_streams)
 
 _EPOCHS_AHEAD = 1 << 20  # epochs the main process's stream covers when `epochs` is unset
 _CONNECTION_ARGS = ("token", "root_certificates", "server_name")  # for Client(), not subscribe()
@@ -140,6 +141,9 @@ def _dataloader_iterator_in_stack():
 
 
 def _before_fork():
+    # gRPC forks safely only without calls in flight: streams kept open between epochs end
+    # (the next iteration opens its own).
+    _close_open_streams()
     it = _dataloader_iterator_in_stack()
     ds = getattr(it, "_dataset", None) if it is not None else None
     if isinstance(ds, ConveyorDataset):
@@ -472,7 +476,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
             live["client"].close()
 
     def __del__(self):
-        if sys.is_finalizing():  # gRPC's threads are gone: _close_all_at_exit closed it
+        if sys.is_finalizing():  # gRPC's threads are gone; atexit closed it
             return
         try:
             self.close()
@@ -502,7 +506,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                     continue
                 out, pending = pending, None
             yield self._handed_out(out, info)
-            if batch.end_of_epoch and info is None:
+            if batch.end_of_epoch and info is None and (self.epochs is None or batch.epoch + 1 < self.epochs):
                 return True  # the next epoch follows on this stream
         if pending is not None:
             yield self._handed_out(pending, info)
