@@ -18,6 +18,7 @@ import socket
 import stat
 import threading
 import time
+import weakref
 
 import grpc
 import numpy as np
@@ -206,6 +207,53 @@ class Batch:
         return self._array(self.descriptor.mask), self._array(self.descriptor.flags)
 
 
+class _Watchdog:
+    """One thread per subscription that cancels a wait past its deadline (a timer thread per
+    message cost more than the rest of the client's per-batch work together)."""
+
+    def __init__(self, callback):
+        self._callback = callback  # a WeakMethod: the watchdog does not keep its subscription
+        self._cv = threading.Condition()
+        self._deadline = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="conveyor-idle-deadline", daemon=True)
+        self._thread.start()
+
+    def arm(self, timeout):
+        with self._cv:
+            self._deadline = time.monotonic() + timeout
+            self._cv.notify()
+
+    def disarm(self):
+        with self._cv:
+            self._deadline = None
+
+    def stop(self):
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._stopped:
+                    if self._deadline is None:
+                        self._cv.wait()
+                        continue
+                    remaining = self._deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+                if self._stopped:
+                    return
+                self._deadline = None
+            callback = self._callback()
+            if callback is None:  # the subscription is gone
+                return
+            callback()
+            del callback
+
+
 class Subscription:
     """An iterator of Batch. Each batch is acknowledged when the next one is asked for."""
 
@@ -232,6 +280,7 @@ class Subscription:
         self._releasing = collections.deque()
         self._credits = subscribe.initial_credits or 4
         self._idle = False
+        self._watchdog = None  # the idle deadline's thread, started with the first wait
 
     @property
     def cursor(self):
@@ -376,22 +425,26 @@ class Subscription:
         when nothing arrives within `timeout` seconds (None: no limit; the RpcError then says
         CANCELLED, and self._idle is set)."""
         self._idle = False
-        timer = None
-        if timeout:
-            responses = self._responses
-
-            def expire():
-                self._idle = True
-                responses.cancel()
-
-            timer = threading.Timer(timeout, expire)
-            timer.daemon = True
-            timer.start()
+        if not timeout:
+            return next(self._responses, None)
+        if self._watchdog is None:
+            self._watchdog = _Watchdog(weakref.WeakMethod(self._expire))
+        self._watchdog.arm(timeout)
         try:
             return next(self._responses, None)
         finally:
-            if timer is not None:
-                timer.cancel()
+            self._watchdog.disarm()
+
+    def _expire(self):
+        """The idle deadline passed (called on the watchdog's thread)."""
+        self._idle = True
+        responses = self._responses
+        if responses is not None:
+            responses.cancel()
+
+    def __del__(self):
+        if self._watchdog is not None:
+            self._watchdog.stop()
 
     def _receive(self):
         while True:
@@ -454,6 +507,8 @@ class Subscription:
         if raw is not None:
             self._reader.feed(raw)  # raises: a message after the end of the stream
         self._done = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self.close()
         raise StopIteration
 
