@@ -486,40 +486,36 @@ void Dataset::RetainLocked(uint64_t chunk_id, const std::shared_ptr<const Parsed
   if (bytes > retain_limit_) return;
   retained_.push_front(Retained{chunk_id, bytes, chunk});
   retained_bytes_ += bytes;
-  TrimRetainedLocked(retain_limit_);
+  // Still held by the caller: dropping the least recent here frees nothing but older chunks,
+  // which may be freed under the lock (their deleters take no lock of this dataset).
+  DropLeastRecentLocked(retained_bytes_ > retain_limit_ ? retained_bytes_ - retain_limit_ : 0);
 }
 
-void Dataset::TrimRetainedLocked(uint64_t limit) const {
-  while (retained_bytes_ > limit && !retained_.empty()) {
+std::vector<std::shared_ptr<const ParsedChunk>> Dataset::DropLeastRecentLocked(uint64_t bytes) const {
+  std::vector<std::shared_ptr<const ParsedChunk>> dropped;
+  uint64_t freed = 0;
+  while (freed < bytes && !retained_.empty()) {
+    freed += retained_.back().bytes;
     retained_bytes_ -= retained_.back().bytes;
+    dropped.push_back(std::move(retained_.back().chunk));
     retained_.pop_back();
   }
+  return dropped;
 }
 
 void Dataset::SetRetainedBytes(uint64_t bytes) const {
-  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed outside the lock
+  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed after the lock
   std::lock_guard<std::mutex> lock(cache_mu_);
   retain_limit_ = bytes;
-  while (retained_bytes_ > bytes && !retained_.empty()) {
-    retained_bytes_ -= retained_.back().bytes;
-    released.push_back(std::move(retained_.back().chunk));
-    retained_.pop_back();
-  }
+  released = DropLeastRecentLocked(retained_bytes_ > bytes ? retained_bytes_ - bytes : 0);
 }
 
 uint64_t Dataset::DropRetained(uint64_t bytes) const {
-  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed outside the lock
-  uint64_t dropped = 0;
-  {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    while (dropped < bytes && !retained_.empty()) {
-      dropped += retained_.back().bytes;
-      retained_bytes_ -= retained_.back().bytes;
-      released.push_back(std::move(retained_.back().chunk));
-      retained_.pop_back();
-    }
-  }
-  return dropped;
+  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed after the lock
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  const uint64_t before = retained_bytes_;
+  released = DropLeastRecentLocked(bytes);
+  return before - retained_bytes_;
 }
 
 uint64_t Dataset::retained_bytes() const {

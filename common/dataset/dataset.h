@@ -160,7 +160,8 @@ class Dataset {
     std::shared_ptr<const ParsedChunk> chunk;
   };
   void RetainLocked(uint64_t chunk_id, const std::shared_ptr<const ParsedChunk>& chunk) const;
-  void TrimRetainedLocked(uint64_t limit) const;
+  // Drops retained chunks, least recent first, until `bytes` are dropped; returns them.
+  std::vector<std::shared_ptr<const ParsedChunk>> DropLeastRecentLocked(uint64_t bytes) const;
   mutable std::list<Retained> retained_;
   mutable uint64_t retained_bytes_ = 0, retain_limit_ = 0;
   struct Resident {  // shared with the chunks' deleters, which may outlive the dataset

@@ -11,23 +11,10 @@
 #include "common/sampling/planner.h"
 #include "common/sampling/sweep_order.h"
 #include "gtest/gtest.h"
+#include "tests/common/sampling/planner_test_util.h"
 
 namespace conveyor {
 namespace {
-
-// `n` sequences with lengths 1..max_len, chunks of about `per_chunk` sequences.
-Index MakeIndex(uint64_t n, uint32_t max_len, uint64_t per_chunk, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Index index;
-  uint64_t offset = 0;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint32_t len = 1 + static_cast<uint32_t>(rng() % max_len);
-    index.sequences.push_back({i, offset, i, 100, len});
-    offset += 100;
-  }
-  index.BuildChunks(per_chunk * 100);
-  return index;
-}
 
 struct Delivered {
   uint64_t epoch, batch;
