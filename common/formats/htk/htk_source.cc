@@ -286,7 +286,7 @@ void LoadFloats(const char* p, size_t n, bool big_endian, double* out) {
   }
 }
 
-class HtkFeatureSource final : public KeyedSource {
+class HtkFeatureSource final : public Deserializer {
  public:
   struct File {
     std::string path;
@@ -428,6 +428,7 @@ class HtkFeatureSource final : public KeyedSource {
   }
   std::string description() const override { return scp_; }
   uint64_t skipped() const override { return skipped_; }
+  bool aligned_frames() const override { return true; }
 
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
     return precision == Precision::kFloat ? DecodeAs<float>(i, *out[0]) : DecodeAs<double>(i, *out[0]);
@@ -504,7 +505,7 @@ class HtkFeatureSource final : public KeyedSource {
   uint64_t skipped_ = 0;
 };
 
-class MlfSource final : public KeyedSource {
+class MlfSource final : public Deserializer {
  public:
   absl::Status Open(const DeserializerConfig& d, Diagnostics* diag, ErrorBudget* budget) {
     streams_ = d.streams;
@@ -564,6 +565,7 @@ class MlfSource final : public KeyedSource {
   std::vector<std::string> input_paths() const override { return {map_->path()}; }
   std::string description() const override { return path_; }
   uint64_t skipped() const override { return skipped_; }
+  bool aligned_frames() const override { return true; }
 
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
     ParsedStream& ps = *out[0];
@@ -591,18 +593,16 @@ class MlfSource final : public KeyedSource {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenHtkFeatureSource(const DeserializerConfig& d, const std::string& base_dir,
-                                                                   Diagnostics* diagnostics, ErrorBudget* budget) {
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenHtkFeatureDeserializer(const DeserializerContext& context) {
   auto s = std::make_unique<HtkFeatureSource>();
-  RETURN_IF_ERROR(s->Open(d, base_dir, diagnostics, budget));
-  return std::unique_ptr<KeyedSource>(std::move(s));
+  RETURN_IF_ERROR(s->Open(context.config, context.base_dir, context.diagnostics, context.budget));
+  return std::unique_ptr<Deserializer>(std::move(s));
 }
 
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenMlfSource(const DeserializerConfig& d, Diagnostics* diagnostics,
-                                                           ErrorBudget* budget) {
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenMlfDeserializer(const DeserializerContext& context) {
   auto s = std::make_unique<MlfSource>();
-  RETURN_IF_ERROR(s->Open(d, diagnostics, budget));
-  return std::unique_ptr<KeyedSource>(std::move(s));
+  RETURN_IF_ERROR(s->Open(context.config, context.diagnostics, context.budget));
+  return std::unique_ptr<Deserializer>(std::move(s));
 }
 
 }  // namespace conveyor

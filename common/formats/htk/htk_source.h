@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/error_budget.h"
-#include "common/formats/keyed_source.h"
+#include "common/formats/deserializer.h"
 #include "common/log.h"
 
 namespace conveyor {
@@ -66,9 +66,9 @@ struct MlfFile {
 absl::StatusOr<MlfFile> ParseMlf(std::string_view bytes, const std::string& path, const std::vector<std::string>& states,
                                  uint64_t frame_shift, Diagnostics* diagnostics);
 
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenHtkFeatureSource(const DeserializerConfig& d, const std::string& base_dir,
-                                                                   Diagnostics* diagnostics, ErrorBudget* budget);
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenMlfSource(const DeserializerConfig& d, Diagnostics* diagnostics,
-                                                           ErrorBudget* budget);
+// HTKFeature: one dense stream from scp-listed HTK files (paths relative to context.base_dir).
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenHtkFeatureDeserializer(const DeserializerContext& context);
+// HTKMLF: one label stream from an MLF file.
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenMlfDeserializer(const DeserializerContext& context);
 
 }  // namespace conveyor
