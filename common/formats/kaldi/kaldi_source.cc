@@ -111,7 +111,7 @@ class KaldiSource final : public Deserializer {
     if (t != ObjectType::kCompressed1 && t != ObjectType::kCompressed2 && t != ObjectType::kCompressed3) return false;
     if (e.window.cols != static_cast<int64_t>(streams_[0].dim)) return false;
     out->object = table_->bytes(e.source).data() + e.offset;
-    out->info = e.info;
+    out->info = kaldi::ToCompressedHeader(e.info);
     out->row0 = e.window.row0;
     out->col0 = e.window.col0;
     return true;
