@@ -2,7 +2,8 @@
 // format is a folder under common/formats/ with a factory (deserializer.h) and a line here.
 #include "common/formats/cbf/cbf_deserializer.h"
 #include "common/formats/ctf/ctf_deserializer.h"
-#include "common/formats/htk/htk_source.h"
+#include "common/formats/htk/htk_features.h"
+#include "common/formats/htk/mlf.h"
 #include "common/formats/kaldi/kaldi_source.h"
 #include "common/formats/registry.h"
 
