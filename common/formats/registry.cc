@@ -1,8 +1,17 @@
 #include "common/formats/registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/config/deserializer_types.h"
 
 namespace conveyor {
+
+namespace {
+
+// The built-in formats registered before main(), so that the config loader knows their
+// names before any dataset is opened. (This file is linked wherever Dataset is.)
+[[maybe_unused]] const bool kBuiltinsRegistered = (DeserializerRegistry::Global(), true);
+
+}  // namespace
 
 DeserializerRegistry& DeserializerRegistry::Global() {
   static DeserializerRegistry* registry = [] {
@@ -14,6 +23,7 @@ DeserializerRegistry& DeserializerRegistry::Global() {
 }
 
 void DeserializerRegistry::Register(std::string type, DeserializerFactory factory) {
+  AddDeserializerTypeName(type);  // so that the config loader accepts the name
   for (auto& [name, f] : factories_) {
     if (name == type) {
       f = factory;
