@@ -181,7 +181,8 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
   uint64_t decoded_used = 0;  // bytes of the last host_decoded block in use
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads.
   auto pack_compressed = [&](const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
-    if (m.info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
+    const kaldi::ObjectInfo info = kaldi::CompressedObjectInfo(m.info);  // the codec's header: Kaldi's
+    if (info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
       // Decoded here, bit for bit as the CPU assembler does, and copied like dense values.
       kaldi::Window w;
       w.row0 = m.row0 + static_cast<int64_t>(r0);
@@ -197,9 +198,9 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
       }
       std::byte* rows_at = prog.host_decoded.back().data() + decoded_used;
       decoded_used += bytes;
-      const std::string_view object(m.object, m.info.size);
-      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, m.info, w, reinterpret_cast<float*>(rows_at));
-      else kaldi::DecodeMatrix<double>(object, 0, m.info, w, reinterpret_cast<double*>(rows_at));
+      const std::string_view object(m.object, info.size);
+      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, info, w, reinterpret_cast<float*>(rows_at));
+      else kaldi::DecodeMatrix<double>(object, 0, info, w, reinterpret_cast<double*>(rows_at));
       const bool follows = !prog.packs.empty() && static_cast<const std::byte*>(prog.packs.back().src) +
                                                           prog.packs.back().bytes == rows_at;
       uint64_t at = cursor;
@@ -216,17 +217,17 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
     op.rows = static_cast<uint32_t>(n);
     op.cols = static_cast<uint32_t>(cols);
     op.column_rows = static_cast<uint32_t>(n);
-    op.min_value = m.info.min_value;
-    op.range = m.info.range;
-    const uint64_t R = static_cast<uint64_t>(m.info.rows), C = static_cast<uint64_t>(m.info.cols);
+    op.min_value = info.min_value;
+    op.range = info.range;
+    const uint64_t R = static_cast<uint64_t>(info.rows), C = static_cast<uint64_t>(info.cols);
     const uint64_t row = static_cast<uint64_t>(m.row0) + r0, col0 = static_cast<uint64_t>(m.col0);
-    if (m.info.type == kaldi::ObjectType::kCompressed1) {
+    if (info.type == kaldi::ObjectType::kCompressed1) {
       op.type = 1;
       op.src = pack(m.object + kCm1Data + 8 * col0, 8 * cols);  // the columns' headers
       const char* data = m.object + kCm1Data + 8 * C;
       for (uint64_t c = col0; c < col0 + cols; ++c) pack_next(data + c * R + row, n);
     } else {
-      const uint64_t width = m.info.type == kaldi::ObjectType::kCompressed2 ? 2 : 1;
+      const uint64_t width = info.type == kaldi::ObjectType::kCompressed2 ? 2 : 1;
       op.type = width == 2 ? 2 : 3;
       const char* data = m.object + kCm23Data;
       op.src = pack(data + width * (row * C + col0), 0);

@@ -7,7 +7,7 @@
 #include "client/cli/commands.h"
 #include "client/cli/common_options.h"
 #include "client/cli/progress.h"
-#include "common/formats/cbf/cbf_writer.h"
+#include "common/convert/cbf_writer.h"
 
 namespace conveyor::cli {
 namespace {

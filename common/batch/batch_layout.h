@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/batch/batch_plan.h"
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/parsed_chunk.h"
 #include "common/config/dataset_config.h"
 
 namespace conveyor {

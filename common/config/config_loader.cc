@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/config/config_tree.h"
+#include "common/config/deserializer_types.h"
 #include "common/file_path.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
@@ -303,6 +304,8 @@ class Converter {
         d->type = "HTKMLF";
       } else if (lt == "htkmlfreader" || lt == "htkdeserializers") {
         d->type = "HTKMLFReader";  // BrainScript: `features = [...]` and `labels = [...]` blocks
+      } else if (std::optional<std::string> registered = FindDeserializerTypeName(t)) {
+        d->type = *registered;  // a format registered beyond the built-in ones (formats/registry.h)
       } else {
         return Error(v, absl::StrCat("unknown deserializer type '", t, "' (expected CNTKTextFormat, CNTKBinary, HTKFeature, HTKMLF or KaldiTable)"));
       }

@@ -1,51 +1,27 @@
-// dataset.h: an opened dataset: its deserializer's file mapped, its index built (or loaded
-// from the index cache), its error budget and diagnostics, and the parser that turns one
-// chunk into a ParsedChunk. Everything above it (planner, pipeline, assembler, service)
+// dataset.h: an opened dataset: its deserializers (deserializer.h, opened by type name
+// through the registry), joined by key and chunked when there are several (or one without
+// chunks of its own), its error budget and diagnostics, and the chunk cache shared by its
+// readers. It knows no format. Everything above it (planner, pipeline, assembler, service)
 // sees only this class.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <functional>
-#include <list>
-#include <map>
-#include <mutex>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/chunk_cache.h"
+#include "common/chunk/parsed_chunk.h"
 #include "common/config/dataset_config.h"
 #include "common/error_budget.h"
-#include "common/formats/cbf/cbf_reader.h"
-#include "common/formats/ctf/ctf_parser.h"
-#include "common/formats/keyed_source.h"
+#include "common/formats/deserializer.h"
 #include "common/index/index.h"
 #include "common/log.h"
-#include "common/mapped_file.h"
 
 namespace conveyor {
 
-struct DatasetOpenOptions {
-  int index_threads = 0;  // 0: hardware concurrency
-  // Progress of the index pass: (bytes scanned, total bytes). Called from worker threads.
-  std::function<void(uint64_t, uint64_t)> progress;
-  Diagnostics::Sink diagnostics_sink;  // default: stderr
-  // Replaces the configured maxErrors (`conveyor inspect` counts every error).
-  std::optional<uint64_t> max_errors_override;
-  // Kaldi compressed matrices (CM, CM2, CM3) stay compressed in parsed chunks
-  // (ParsedStream::compressed): the CUDA assembler decodes them on the device, so the parser
-  // threads only locate them. Any assembler reads such chunks (the CPU one decodes). Not
-  // applied to datasets configured to read frames (frameMode: true): see dataset.cc.
-  bool compressed_in_place = false;
-};
-
-// How the index was obtained, for `conveyor index` / `inspect` to report.
-enum class IndexSource { kBuilt, kCache, kRebuiltStaleCache, kRebuiltBadCache };
-
-// Per deserializer of a keyed (Kaldi, HTK) dataset: what joining by key kept and dropped.
+// Per deserializer of a joined (composite, Kaldi, HTK) dataset: what joining by key kept and dropped.
 struct SourceStats {
   std::string type, description;
   uint64_t entries = 0;     // readable entries (sequences) it has
@@ -64,7 +40,7 @@ class Dataset {
   ~Dataset();
 
   const DatasetConfig& config() const { return config_; }
-  const Index& index() const { return index_; }
+  const Index& index() const { return *index_; }
   const std::vector<StreamConfig>& streams() const { return streams_; }
   // The data file (CTF, CBF) or the primary deserializer's description (keyed formats).
   const std::string& path() const { return path_; }
@@ -74,13 +50,14 @@ class Dataset {
   std::vector<std::string_view> inputs() const;
   // The files behind inputs(), in the same order; "" for an input that is no file (a pipe).
   std::vector<std::string> input_paths() const;
-  std::string_view bytes() const { return file_ ? file_->bytes() : std::string_view(); }
+  // The data file's bytes (a dataset of one deserializer with chunks of its own), else empty.
+  std::string_view bytes() const { return chunked_ ? chunked_->inputs()[0] : std::string_view(); }
   // Keyed datasets: per-deserializer counts, and sequences dropped by the join.
   const std::vector<SourceStats>& source_stats() const { return source_stats_; }
   uint64_t dropped_mismatched() const { return dropped_mismatched_; }  // frame counts differ
   uint64_t dropped_empty() const { return dropped_empty_; }            // no samples at all
-  IndexSource index_source() const { return index_source_; }
-  const std::string& index_cache_path() const { return cache_path_; }
+  IndexSource index_source() const { return chunked_ ? chunked_->index_source() : IndexSource::kBuilt; }
+  const std::string& index_cache_path() const { return chunked_ ? chunked_->index_cache_path() : no_cache_path_; }
   Diagnostics& diagnostics() const { return *diagnostics_; }
   uint64_t errors() const { return budget_->spent(); }
   uint64_t max_errors() const { return budget_->max_errors(); }
@@ -103,15 +80,15 @@ class Dataset {
   // Keeps up to `bytes` of the most recently used chunks after their last reader lets go
   // (least recently used dropped first), so that readers a few chunks apart (ranks of one
   // job on one host, DataLoader workers) share one parse. 0 (the default): nothing is kept.
-  void SetRetainedBytes(uint64_t bytes) const;
+  void SetRetainedBytes(uint64_t bytes) const { cache_->SetRetainedBytes(bytes); }
   // Drops retained chunks, least recently used first, until at least `bytes` are dropped or
   // none is left; returns the bytes dropped (a chunk a reader still holds stays resident).
-  uint64_t DropRetained(uint64_t bytes) const;
-  uint64_t retained_bytes() const;
+  uint64_t DropRetained(uint64_t bytes) const { return cache_->DropRetained(bytes); }
+  uint64_t retained_bytes() const { return cache_->retained_bytes(); }
   // Parsed chunks held by readers right now, and their heap bytes (the chunk cache's
   // occupancy: it holds nothing no reader holds).
-  uint64_t resident_chunks() const { return resident_->chunks.load(); }
-  uint64_t resident_bytes() const { return resident_->bytes.load(); }
+  uint64_t resident_chunks() const { return cache_->resident_chunks(); }
+  uint64_t resident_bytes() const { return cache_->resident_bytes(); }
 
   // The byte range of a chunk in the file (for readahead and accounting).
   uint64_t ChunkBytes(uint64_t chunk_id) const;
@@ -122,56 +99,37 @@ class Dataset {
  private:
   Dataset(DatasetConfig config) : config_(std::move(config)) {}
   absl::Status Init(const DatasetOpenOptions& options);
-  absl::Status InitCbf(const DatasetOpenOptions& options);
-  absl::Status InitKeyed(const DatasetOpenOptions& options);
-  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseKeyedChunk(uint64_t chunk_id) const;
+  absl::Status OpenDeserializers(const DatasetOpenOptions& options);
+  // Several deserializers (or one without chunks of its own): sequences joined by key.
+  absl::Status InitJoined();
+  // joined_, index_ sequences: the primary's sequences found in every other deserializer.
+  void JoinByKey();
+  // Warns when a deserializer that parses whole chunks is joined far from its own order.
+  void WarnJoinOrder();
+  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseJoinedChunk(uint64_t chunk_id) const;
 
   const DatasetConfig config_;
   std::vector<StreamConfig> streams_;
   std::string path_;
-  std::unique_ptr<MappedFile> file_;
-  // Keyed datasets: the sources, and per joined sequence the entry of each source
-  // (joined_[i * keyed_.size() + s]); stream_base_[s]: the first stream of source s.
-  std::vector<std::unique_ptr<KeyedSource>> keyed_;
+  std::unique_ptr<Diagnostics> diagnostics_;
+  std::unique_ptr<ErrorBudget> budget_;
+  // Its deserializers, in configuration order (the first is the primary of a join).
+  std::vector<std::unique_ptr<Deserializer>> deserializers_;
+  // The one deserializer whose own chunks are the dataset's; null for a joined dataset.
+  const Deserializer* chunked_ = nullptr;
+  // Joined datasets: per joined sequence the entry of each deserializer
+  // (joined_[i * deserializers_.size() + s]); stream_base_[s]: the first stream of deserializer s.
   std::vector<uint32_t> joined_;
   std::vector<size_t> stream_base_;
   std::vector<SourceStats> source_stats_;
   bool compressed_in_place_ = false;
   uint64_t dropped_mismatched_ = 0, dropped_empty_ = 0;
-  Index index_;
-  IndexSource index_source_ = IndexSource::kBuilt;
-  std::string cache_path_;
-  std::unique_ptr<Diagnostics> diagnostics_;
-  std::unique_ptr<ErrorBudget> budget_;
-  std::unique_ptr<CtfParser> parser_;
-  std::unique_ptr<CbfFile> cbf_;         // CNTKBinary: the file's header and chunk table
-  std::vector<int> cbf_source_;          // per stream: the file stream it reads
-  struct CacheEntry {
-    std::weak_ptr<const ParsedChunk> chunk;
-    bool parsing = false;
-  };
-  mutable std::mutex cache_mu_;
-  mutable std::condition_variable cache_cv_;
-  mutable std::map<uint64_t, CacheEntry> cache_;
+  Index joined_index_;
+  const Index* index_ = &joined_index_;  // chunked_'s index, or joined_index_
+  const std::string no_cache_path_;
   mutable std::atomic<uint64_t> parses_{0};
-  // Recently used chunks held for readers to come (SetRetainedBytes), most recent first.
-  struct Retained {
-    uint64_t chunk_id, bytes;
-    std::shared_ptr<const ParsedChunk> chunk;
-  };
-  void RetainLocked(uint64_t chunk_id, const std::shared_ptr<const ParsedChunk>& chunk) const;
-  // Drops retained chunks, least recent first, until `bytes` are dropped; returns them.
-  std::vector<std::shared_ptr<const ParsedChunk>> DropLeastRecentLocked(uint64_t bytes) const;
-  mutable std::list<Retained> retained_;
-  mutable uint64_t retained_bytes_ = 0, retain_limit_ = 0;
-  struct Resident {  // shared with the chunks' deleters, which may outlive the dataset
-    std::atomic<uint64_t> chunks{0}, bytes{0};
-    // Chunks that point into the mapping (dense values used in place) have their pages
-    // dropped when they are released, not after parsing. Null once the dataset is gone.
-    std::mutex mu;
-    const MappedFile* file = nullptr;
-  };
-  std::shared_ptr<Resident> resident_ = std::make_shared<Resident>();
+  // Declared last: destroyed first, so that no chunk released later reaches a deserializer.
+  std::unique_ptr<ChunkCache> cache_;
 };
 
 }  // namespace conveyor

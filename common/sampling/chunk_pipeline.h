@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/parsed_chunk.h"
 #include "common/dataset/dataset.h"
 #include "common/sampling/parser_pool.h"
 

@@ -6,7 +6,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/formats/htk/htk_source.h"
+#include "common/formats/htk/htk_features.h"
+#include "common/formats/htk/mlf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

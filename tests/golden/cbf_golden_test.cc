@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
 #include "common/formats/cbf/cbf_reader.h"
-#include "common/formats/cbf/cbf_writer.h"
+#include "common/convert/cbf_writer.h"
 #include "common/mapped_file.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"

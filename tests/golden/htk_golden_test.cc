@@ -13,7 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
-#include "common/formats/htk/htk_source.h"
+#include "common/formats/htk/htk_features.h"
+#include "common/formats/htk/mlf.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {

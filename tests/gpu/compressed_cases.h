@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/batch/batch_layout.h"
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/parsed_chunk.h"
 
 namespace conveyor::testing {
 

@@ -33,7 +33,7 @@ for f in bin/conveyord bin/conveyor lib/libconveyor_client.so "lib/libconveyor_c
          share/conveyor/examples/conveyor.yaml share/conveyor/examples/simple.ctf share/doc/conveyor/design.md; do
   [[ -e $prefix/$f ]] || fail "$f is not installed"
 done
-[[ ! -e $prefix/include/conveyor/common/batch/parsed_chunk.h ]] || fail "reader headers installed"
+[[ ! -e $prefix/include/conveyor/common/chunk/parsed_chunk.h ]] || fail "reader headers installed"
 if grep -rlF -e "$source" -e "$build" "$prefix/lib/cmake" >/dev/null; then
   fail "the CMake package names the source or build tree: $(grep -rlF -e "$source" -e "$build" "$prefix/lib/cmake")"
 fi

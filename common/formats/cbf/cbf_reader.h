@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/parsed_chunk.h"
 #include "common/config/dataset_config.h"
 #include "common/index/index.h"
 

@@ -442,6 +442,36 @@ const char* ContiguousValues(std::string_view bytes, uint64_t pos, const ObjectI
 template void DecodeMatrix<float>(std::string_view, uint64_t, const ObjectInfo&, const Window&, float*);
 template void DecodeMatrix<double>(std::string_view, uint64_t, const ObjectInfo&, const Window&, double*);
 
+namespace {
+
+template <typename T>
+void DecodeCompressedPayload(const char* object, const CompressedHeader& header, const CompressedWindow& window, T* out) {
+  const ObjectInfo info = CompressedObjectInfo(header);
+  Window w;
+  w.row0 = window.row0;
+  w.rows = window.rows;
+  w.col0 = window.col0;
+  w.cols = window.cols;
+  DecodeMatrix<T>(std::string_view(object, info.size), 0, info, w, out);
+}
+
+}  // namespace
+
+uint32_t CompressedCodecTag() {
+  static const uint32_t tag = RegisterCompressedCodec(
+      CompressedCodec{"KaldiCompressedMatrix", &DecodeCompressedPayload<float>, &DecodeCompressedPayload<double>});
+  return tag;
+}
+
+CompressedHeader ToCompressedHeader(const ObjectInfo& info) {
+  CompressedHeader h;
+  h.codec = CompressedCodecTag();
+  h.Store(info);
+  return h;
+}
+
+ObjectInfo CompressedObjectInfo(const CompressedHeader& header) { return header.Load<ObjectInfo>(); }
+
 void DecodeInt32Vector(std::string_view bytes, uint64_t pos, const ObjectInfo& info, std::vector<int32_t>* out) {
   out->clear();
   out->reserve(static_cast<size_t>(info.cols));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/chunk/compressed.h"
 
 namespace conveyor::kaldi {
 
@@ -70,6 +71,14 @@ const char* ContiguousValues(std::string_view bytes, uint64_t pos, const ObjectI
 
 // Decodes a scanned int32 vector.
 void DecodeInt32Vector(std::string_view bytes, uint64_t pos, const ObjectInfo& info, std::vector<int32_t>* out);
+
+// The compressed-matrix codec (CM, CM2, CM3) of parsed chunks (chunk/compressed.h):
+// registered on first use, and the tag every Kaldi compressed payload carries.
+uint32_t CompressedCodecTag();
+// A scanned compressed matrix's header as a payload's header (the codec's tag and `info`),
+// and back (CompressedObjectInfo: for the CUDA assembler, which decodes on the device).
+CompressedHeader ToCompressedHeader(const ObjectInfo& info);
+ObjectInfo CompressedObjectInfo(const CompressedHeader& header);
 
 // Kaldi's exact decode of one CM byte given the column's four percentiles, and of a stored
 // uint16 percentile (exposed for tests).

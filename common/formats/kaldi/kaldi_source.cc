@@ -11,7 +11,7 @@ using kaldi::ObjectKind;
 using kaldi::ObjectType;
 using kaldi::TableEntry;
 
-class KaldiSource final : public KeyedSource {
+class KaldiSource final : public Deserializer {
  public:
   KaldiSource(std::unique_ptr<KaldiTable> table, const DeserializerConfig& d)
       : table_(std::move(table)), kind_(d.kaldi_kind), streams_(d.streams), rspecifier_(d.rspecifier) {}
@@ -111,7 +111,7 @@ class KaldiSource final : public KeyedSource {
     if (t != ObjectType::kCompressed1 && t != ObjectType::kCompressed2 && t != ObjectType::kCompressed3) return false;
     if (e.window.cols != static_cast<int64_t>(streams_[0].dim)) return false;
     out->object = table_->bytes(e.source).data() + e.offset;
-    out->info = e.info;
+    out->info = kaldi::ToCompressedHeader(e.info);
     out->row0 = e.window.row0;
     out->col0 = e.window.col0;
     return true;
@@ -164,9 +164,11 @@ class KaldiSource final : public KeyedSource {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenKaldiSource(const DeserializerConfig& d, bool allow_pipes,
-                                                             Diagnostics* diagnostics, ErrorBudget* budget,
-                                                             std::function<void(uint64_t, uint64_t)> progress) {
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenKaldiDeserializer(const DeserializerContext& context) {
+  const DeserializerConfig& d = context.config;
+  const bool allow_pipes = d.allow_pipes.value_or(context.dataset.allow_pipes);
+  Diagnostics* const diagnostics = context.diagnostics;
+  ErrorBudget* const budget = context.budget;
   kaldi::TableOptions o;
   o.kind = d.kaldi_kind == KaldiKind::kMatrix ? ObjectKind::kMatrix
            : d.kaldi_kind == KaldiKind::kVector ? ObjectKind::kVector
@@ -175,11 +177,11 @@ absl::StatusOr<std::unique_ptr<KeyedSource>> OpenKaldiSource(const DeserializerC
   o.base_dir = d.base_dir;
   o.tolerate = [budget](const std::string&) { return budget->Spend(); };
   o.warn = [diagnostics](const std::string& w) { diagnostics->Report(Severity::kWarning, "kaldi", w); };
-  o.progress = std::move(progress);
+  o.progress = context.progress;
   ASSIGN_OR_RETURN(std::unique_ptr<KaldiTable> table, KaldiTable::Open(d.rspecifier, o));
   auto source = std::make_unique<KaldiSource>(std::move(table), d);
   RETURN_IF_ERROR(source->Select(diagnostics, budget));
-  return std::unique_ptr<KeyedSource>(std::move(source));
+  return std::unique_ptr<Deserializer>(std::move(source));
 }
 
 }  // namespace conveyor

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/error_budget.h"
 #include "common/formats/kaldi/kaldi_table.h"
-#include "common/formats/keyed_source.h"
+#include "common/formats/deserializer.h"
 #include "common/log.h"
 
 namespace conveyor {
@@ -17,8 +17,7 @@ namespace conveyor {
 // Errors: as KaldiTable::Open; InvalidArgument for an entry whose dim differs from the
 // configured (or first) one, or a label outside [0, dim) for one-hot labels, unless maxErrors
 // lets it be skipped.
-absl::StatusOr<std::unique_ptr<KeyedSource>> OpenKaldiSource(const DeserializerConfig& d, bool allow_pipes,
-                                                             Diagnostics* diagnostics, ErrorBudget* budget,
-                                                             std::function<void(uint64_t, uint64_t)> progress);
+// Pipes are allowed by the node's allowPipes, else the dataset's.
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenKaldiDeserializer(const DeserializerContext& context);
 
 }  // namespace conveyor

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config/config_loader.h"
-#include "common/formats/cbf/cbf_writer.h"
+#include "common/convert/cbf_writer.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {

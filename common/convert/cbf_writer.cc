@@ -1,4 +1,4 @@
-#include "common/formats/cbf/cbf_writer.h"
+#include "common/convert/cbf_writer.h"
 
 #include <algorithm>
 #include <cerrno>

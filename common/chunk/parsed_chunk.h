@@ -13,19 +13,9 @@
 #include <vector>
 
 #include "common/config/dataset_config.h"
-#include "common/formats/kaldi/kaldi_object.h"
+#include "common/chunk/compressed.h"
 
 namespace conveyor {
-
-// A dense sequence left compressed (a Kaldi CM, CM2 or CM3 matrix) for the assembler to
-// decode: the CUDA assembler sends the compressed bytes and decodes on the device; the CPU
-// assembler decodes as it copies. Its samples are the window's rows from `row0` on, its
-// values the `dim` columns from `col0` on.
-struct CompressedDense {
-  const char* object = nullptr;  // the object's first byte (its binary marker), in the mapped input
-  kaldi::ObjectInfo info;        // as scanned: type, shape, global header
-  int64_t row0 = 0, col0 = 0;
-};
 
 struct ParsedStream {
   StreamFormat format = StreamFormat::kDense;
@@ -44,7 +34,7 @@ struct ParsedStream {
   // the Dataset that parsed the chunk lives. Read dense values through DenseSamples().
   std::vector<const std::byte*> in_place;
   // Dense values left compressed (Dataset opened with compressed_in_place): per parsed
-  // sequence, its matrix; empty otherwise. Read them through DecodeDense(), not DenseSamples().
+  // sequence, its payload (Kaldi CM, CM2, CM3); empty otherwise. Read them through DecodeDense(), not DenseSamples().
   std::vector<CompressedDense> compressed;
 
   uint64_t num_samples(uint64_t seq) const { return sequence_begin[seq + 1] - sequence_begin[seq]; }
@@ -58,7 +48,7 @@ struct ParsedStream {
     return base + b * dim * elem_size;
   }
   // Samples [b, b + n) of parsed sequence `slot` into `out` (n x dim values), whichever way
-  // the stream holds them: copied, or decoded from a compressed matrix bit for bit as Kaldi.
+  // the stream holds them: copied, or decoded by the payload's codec (compressed.h).
   template <typename T>
   void DecodeDense(uint32_t slot, uint64_t b, uint64_t n, T* out) const {
     if (compressed.empty()) {
@@ -66,12 +56,12 @@ struct ParsedStream {
       return;
     }
     const CompressedDense& m = compressed[slot];
-    kaldi::Window w;
+    CompressedWindow w;
     w.row0 = m.row0 + static_cast<int64_t>(b - sequence_begin[slot]);
     w.rows = static_cast<int64_t>(n);
     w.col0 = m.col0;
     w.cols = dim;
-    kaldi::DecodeMatrix<T>(std::string_view(m.object, m.info.size), 0, m.info, w, out);
+    DecodeCompressed(m, w, out);
   }
   uint64_t total_samples() const { return sequence_begin.back(); }
   template <typename T>

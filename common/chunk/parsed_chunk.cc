@@ -1,4 +1,4 @@
-#include "common/batch/parsed_chunk.h"
+#include "common/chunk/parsed_chunk.h"
 
 namespace conveyor {
 

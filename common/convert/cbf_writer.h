@@ -1,11 +1,11 @@
-// cbf_writer.h: writes a dataset (any format conveyor reads) as a CNTK binary file in the
-// layout CNTK's ctf2bin.py writes and CNTKBinaryReader reads (cbf_reader.h). What ctf2bin
-// does, without its bugs: chunks of about the requested size (ctf2bin never resets its size
-// estimate, so after the first chunk every sequence became its own chunk), and empty sparse
-// samples are kept (ctf2bin drops them, shifting the sequence). Streams in the dataset's
-// order under their input names, values in its precision, each sample's sparse entries by
-// ascending index (as ctf2bin sorts them). Where ctf2bin's bugs do not bite, the output is
-// byte-identical to its.
+// cbf_writer.h: a converter, in the layer above dataset/ (it reads through a Dataset): writes
+// a dataset (any format conveyor reads) as a CNTK binary file in the layout CNTK's ctf2bin.py
+// writes and CNTKBinaryReader reads (formats/cbf/cbf_reader.h). What ctf2bin does, without its
+// bugs: chunks of about the requested size (ctf2bin never resets its size estimate, so after
+// the first chunk every sequence became its own chunk), and empty sparse samples are kept
+// (ctf2bin drops them, shifting the sequence). Streams in the dataset's order under their
+// input names, values in its precision, each sample's sparse entries by ascending index (as
+// ctf2bin sorts them). Where ctf2bin's bugs do not bite, the output is byte-identical to its.
 #pragma once
 
 #include <cstdint>

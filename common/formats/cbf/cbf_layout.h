@@ -1,0 +1,111 @@
+// cbf_layout.h: internal to formats/cbf/: what cbf_reader.cc (the entry points, the index,
+// finishing a parsed chunk) shares with the files of the two layouts, cbf_cntk_layout.cc
+// (ctf2bin's, magic "cntk_bin") and cbf_documented_layout.cc (the documentation's, version
+// first). cbf_reader.h describes both layouts.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/chunk/parsed_chunk.h"
+#include "common/formats/cbf/cbf_reader.h"
+#include "common/index/index.h"
+
+namespace conveyor::cbf {
+
+// A bounds-checked little-endian reader over [pos, end) of the file.
+class Reader {
+ public:
+  Reader(std::string_view bytes, uint64_t pos, uint64_t end) : bytes_(bytes), pos_(pos), end_(end) {}
+  uint64_t pos() const { return pos_; }
+  uint64_t left() const { return end_ - pos_; }
+  template <typename T>
+  bool Read(T* out) {
+    if (left() < sizeof(T)) return false;
+    std::memcpy(out, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  // `count` items of `size` bytes: a view of them, or false if they do not fit.
+  bool Take(uint64_t count, uint64_t size, const char** out) {
+    uint64_t n = 0;
+    if (__builtin_mul_overflow(count, size, &n) || n > left()) return false;
+    *out = bytes_.data() + pos_;
+    pos_ += n;
+    return true;
+  }
+
+ private:
+  std::string_view bytes_;
+  uint64_t pos_, end_;
+};
+
+inline auto BadHeader(const std::string& path) {
+  return [&path](uint64_t at, const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": byte ", at, ": ", what, " (not a valid CNTK binary file)"));
+  };
+}
+
+// --- Layout 1, ctf2bin's (cbf_cntk_layout.cc).
+// The header and chunk table of a file whose magic number was read. Errors: as ReadCbfFile.
+absl::StatusOr<CbfFile> ReadCntkLayout(std::string_view bytes, const std::string& path);
+// Decodes chunk `chunk_id` into `out`. Errors: as ParseCbfChunk.
+absl::Status DecodeCntkLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
+                                   const std::vector<int>& source, Precision precision, const std::string& path,
+                                   ParsedChunk* out);
+
+// --- Layout 2, the documentation's (cbf_documented_layout.cc).
+// Samples are implied by row codes, not stored, so a few bytes could claim billions of them:
+// bounds on what one sequence and one chunk may hold (a sequence of 2^20 frames is 3 hours
+// of speech at 100 frames a second).
+inline constexpr uint32_t kMaxDocumentedSequence = 1u << 20;
+inline constexpr uint64_t kMaxDocumentedChunkSamples = 1u << 26;
+
+// One input's section of a kDocumented chunk, located and checked.
+struct DocumentedInput {
+  const char* dense = nullptr;  // dense: numSequences * dim elements
+  uint32_t nnz = 0;             // sparse: entries, rows (sample * dim + index), colStart[numSequences + 1]
+  const char *values = nullptr, *rows = nullptr, *starts = nullptr;
+  std::vector<uint32_t> samples;  // per sequence: its samples in this input
+};
+
+inline uint32_t ElemSize(const CbfStreamInfo& info) { return info.precision == Precision::kFloat ? 4 : 8; }
+
+inline int32_t LoadI32(const char* p, uint64_t i) {
+  int32_t v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return v;
+}
+
+// The header and offsets table of a file whose version (1) was read. Errors: as ReadCbfFile.
+absl::StatusOr<CbfFile> ReadDocumentedLayout(std::string_view bytes, const std::string& path);
+// Locates every input's section of chunk `c` and checks it whole (see cbf_documented_layout.cc).
+absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, uint64_t c, const std::string& path,
+                                 std::vector<DocumentedInput>* inputs, std::vector<uint32_t>* lengths);
+// Decodes chunk `chunk_id` into `out`. Errors: as ParseCbfChunk.
+absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+                                         uint64_t chunk_id, const std::vector<int>& source, Precision precision,
+                                         const std::string& path, ParsedChunk* out);
+
+// --- Shared by both layouts' decoders (cbf_reader.cc).
+// Appends `count` items of `bytes` to `v` (nothing at all for none: memcpy must not see the
+// null data() of an empty vector).
+template <typename T>
+void Append(std::vector<T>* v, const char* bytes, uint64_t count) {
+  if (count == 0) return;
+  const size_t at = v->size();
+  v->resize(at + count);
+  std::memcpy(v->data() + at, bytes, count * sizeof(T));
+}
+
+// The chunk's slots, keys and lengths from its sequences' sample `counts` per delivered
+// stream (stream-major); see cbf_reader.cc.
+void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& lengths, const Index& index,
+                 const ChunkEntry& ce, ParsedChunk* out);
+
+}  // namespace conveyor::cbf

@@ -1,0 +1,93 @@
+// chunked_file.h: the part shared by deserializers of one mapped file that they cut into
+// chunks themselves (CNTKTextFormat, CNTKBinary): the mapping, the index, readahead and page
+// dropping per chunk, and their sequences by key for a composite.
+//
+// As a member of a composite (DeserializerContext::member), its sequences are joined by key
+// with the other deserializers' (the first deserializer's order) and served sequence by
+// sequence. Its keys are its sequence ids as decimal text (CTF: the id written at the start
+// of each line, or the line number without ids; CBF: the sequence's index in the file),
+// which is what a Kaldi or HTK key of the same sequence must read. Opening it as a member
+// parses the whole file once (every chunk, then dropped) to learn each sequence's sample
+// count per stream, which joining and chunking need; a sequence the parser drops as bad
+// (within maxErrors) is not offered. Decode then copies a sequence out of its parsed chunk;
+// the last few parsed chunks are kept, so reading in the file's own order (the file as the
+// primary deserializer, or joined in the same order) parses every chunk once more. A member
+// keeps diagnostics and an error budget of its own (its errors count when read).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/chunk/chunk_cache.h"
+#include "common/formats/deserializer.h"
+#include "common/mapped_file.h"
+
+namespace conveyor {
+
+class ChunkedFileDeserializer : public Deserializer {
+ public:
+  const std::vector<StreamConfig>& streams() const override { return streams_; }
+  const Index* chunks() const override { return &index_; }
+  void WillNeedChunk(uint64_t chunk_id) const override;
+  void DoneWithChunk(uint64_t chunk_id) const override;
+  IndexSource index_source() const override { return index_source_; }
+  const std::string& index_cache_path() const override { return cache_path_; }
+
+  size_t size() const override { return entries_.size(); }
+  const std::string& key(size_t i) const override { return keys_[i]; }
+  uint32_t samples(size_t i, size_t k) const override { return samples_[i * streams_.size() + k]; }
+  uint64_t bytes(size_t i) const override { return entries_[i].bytes; }
+  absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override;
+  void WillNeed(size_t i) const override { WillNeedChunk(entries_[i].chunk); }
+  int64_t ParseUnit(size_t i) const override { return entries_[i].chunk; }
+
+  std::vector<std::string_view> inputs() const override { return {file_->bytes()}; }
+  std::vector<std::string> input_paths() const override { return {file_->path()}; }
+  std::string description() const override { return path_; }
+  uint64_t skipped() const override { return skipped_; }
+
+ protected:
+  // Takes the context's diagnostics and budget, or, for a member, makes its own.
+  explicit ChunkedFileDeserializer(const DeserializerContext& context);
+  // Maps the configured file (path_, file_). Errors: those of MappedFile::Open.
+  absl::Status MapFile(const DeserializerContext& context);
+  // For a member: every chunk parsed once, its sequences listed by key (see above).
+  absl::Status FinishOpen(const DeserializerContext& context);
+
+  std::unique_ptr<Diagnostics> own_diagnostics_;
+  std::unique_ptr<ErrorBudget> own_budget_;
+  Diagnostics* diagnostics_ = nullptr;
+  ErrorBudget* budget_ = nullptr;
+  std::vector<StreamConfig> streams_;
+  std::string path_;
+  std::unique_ptr<MappedFile> file_;
+  Index index_;
+  IndexSource index_source_ = IndexSource::kBuilt;
+  std::string cache_path_;
+
+ private:
+  struct Entry {
+    uint32_t chunk = 0;  // the file's own chunk
+    uint32_t slot = 0;   // the sequence's parsed slot in it
+    uint64_t bytes = 0;
+  };
+  absl::Status Scan(const DeserializerContext& context);
+  // A parsed chunk, from the few kept (most recent last) or parsed again.
+  absl::StatusOr<std::shared_ptr<const ParsedChunk>> Chunk(uint32_t c) const;
+
+  static constexpr size_t kKept = 4;
+  std::vector<Entry> entries_;
+  std::vector<std::string> keys_;
+  std::vector<uint32_t> samples_;  // entries x streams
+  uint64_t skipped_ = 0;
+  std::unique_ptr<ChunkCache> cache_;  // members only
+  mutable std::mutex mu_;
+  mutable std::deque<std::pair<uint32_t, std::shared_ptr<const ParsedChunk>>> recent_;
+};
+
+}  // namespace conveyor

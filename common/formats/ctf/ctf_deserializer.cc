@@ -1,0 +1,113 @@
+#include "common/formats/ctf/ctf_deserializer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/formats/chunked_file.h"
+#include "common/formats/ctf/ctf_indexer.h"
+#include "common/formats/ctf/ctf_parser.h"
+#include "common/index/index_cache.h"
+#include "common/status_macros.h"
+
+namespace conveyor {
+namespace {
+
+class CtfDeserializer final : public ChunkedFileDeserializer {
+ public:
+  explicit CtfDeserializer(const DeserializerContext& context) : ChunkedFileDeserializer(context) {}
+
+  absl::Status Open(const DeserializerContext& context);
+
+  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
+    return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
+  }
+
+ private:
+  absl::Status LoadOrBuildIndex(const DeserializerContext& context);
+  absl::Status SpendIndexErrors();
+
+  std::unique_ptr<CtfParser> parser_;
+};
+
+absl::Status CtfDeserializer::Open(const DeserializerContext& context) {
+  const DeserializerConfig& d = context.config;
+  streams_ = d.streams;
+  RETURN_IF_ERROR(MapFile(context));
+  RETURN_IF_ERROR(LoadOrBuildIndex(context));
+  RETURN_IF_ERROR(SpendIndexErrors());
+  CtfParserOptions po;
+  po.path = d.file;
+  po.streams = streams_;
+  po.precision = context.dataset.precision;
+  parser_ = std::make_unique<CtfParser>(std::move(po), diagnostics_, budget_);
+  return FinishOpen(context);
+}
+
+absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& context) {
+  const DeserializerConfig& d = context.config;
+  CtfIndexOptions io;
+  io.skip_sequence_ids = d.skip_sequence_ids;
+  for (const auto& s : streams_)
+    if (s.defines_mb_size) io.main_alias = s.alias;
+  io.chunk_size = d.chunk_size_in_bytes;
+  io.threads = context.options.index_threads;
+  const uint64_t total = file_->bytes().size();
+  if (context.progress) io.progress = [&context, total](uint64_t done) { context.progress(done, total); };
+
+  const uint64_t hash = CtfIndexConfigHash(io);
+  bool loaded = false;
+  if (context.dataset.cache_index) {
+    cache_path_ = IndexCachePath(d.file, hash);
+    auto cached = ReadIndexCache(cache_path_, file_->stamp(), hash);
+    if (cached.ok() && cached->has_value()) {
+      index_ = std::move(**cached);
+      index_.BuildChunks(d.chunk_size_in_bytes);
+      index_source_ = IndexSource::kCache;
+      loaded = true;
+    } else if (!cached.ok()) {
+      index_source_ = absl::IsFailedPrecondition(cached.status()) ? IndexSource::kRebuiltStaleCache
+                                                                  : IndexSource::kRebuiltBadCache;
+      diagnostics_->Report(Severity::kInfo, "index cache",
+                           absl::StrCat(cached.status().message(), "; rebuilding the index"));
+    }
+  }
+  if (!loaded) {
+    ASSIGN_OR_RETURN(index_, BuildCtfIndex(file_->bytes(), d.file, io));
+    index_.ComputeContentHash();
+    if (context.dataset.cache_index) {
+      absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);
+      if (!w.ok()) diagnostics_->Report(Severity::kWarning, "index cache", absl::StrCat(w.message(), " (continuing without a cache)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Blank rows and repeated ids found by the index pass are input errors like any other.
+absl::Status CtfDeserializer::SpendIndexErrors() {
+  if (index_.errors.count == 0) return absl::OkStatus();
+  auto describe = [&](const IndexError& e) {
+    if (e.kind == IndexError::kRepeatedId) {
+      return absl::StrCat(path_, ":", e.line + 1, ":1: sequence id ", e.key, " was already used at line ",
+                          e.first_line + 1, ": an id may repeat only on consecutive lines");
+    }
+    return absl::StrCat(path_, ":", e.line + 1, ":1: empty row: expected a sequence id or '|' and an input");
+  };
+  const std::string first = index_.errors.first.empty() ? absl::StrCat(path_, ": input errors")
+                                                        : describe(index_.errors.first[0]);
+  if (!budget_->Spend(index_.errors.count)) {
+    return absl::DataLossError(absl::StrCat(first, " (", index_.errors.count, " such errors; more than maxErrors=",
+                                            budget_->max_errors(), " input errors)"));
+  }
+  for (const IndexError& e : index_.errors.first) {
+    diagnostics_->Report(Severity::kWarning, "index error", absl::StrCat(describe(e), "; skipped"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Deserializer>> OpenCtfDeserializer(const DeserializerContext& context) {
+  auto d = std::make_unique<CtfDeserializer>(context);
+  RETURN_IF_ERROR(d->Open(context));
+  return std::unique_ptr<Deserializer>(std::move(d));
+}
+
+}  // namespace conveyor
