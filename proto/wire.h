@@ -1,5 +1,6 @@
 // wire.h: conversions between conveyor's in-memory batch plan and the protocol's batch
-// descriptor (both directions), shared by the daemon and the clients.
+// descriptor (both directions), shared by the daemon and the clients. The Subscribe <->
+// StreamRequest mapping is in subscribe.h, the status conversions in status.h.
 #pragma once
 
 #include <cstddef>
@@ -36,9 +37,5 @@ v1::DType ToProto(DType t);
 v1::Layout ToProto(OutputLayout l);
 // Errors: InvalidArgument for a value this version does not know.
 absl::StatusOr<OutputLayout> LayoutFromProto(v1::Layout l);
-
-// The Subscribe message for `request` (what the CLI's stream flags ask for) on `dataset`.
-// Credits and transport are left to the caller.
-v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request);
 
 }  // namespace conveyor
