@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling/loader.h"
 
 namespace conveyor {
 
@@ -174,6 +175,19 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
     for (const PlacedPiece& p : plan.pieces) q->add_frame(p.frame);
   }
   q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
+}
+
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor) {
+  v1::StreamResponse message;
+  v1::BatchDescriptor* d = message.mutable_batch();
+  d->set_serial(serial);
+  d->set_epoch(batch.epoch);
+  d->set_batch(batch.index);
+  d->set_end_of_epoch(batch.end_of_epoch);
+  d->set_end_of_sweep(batch.end_of_sweep);
+  d->set_cursor(cursor);
+  PlanToDescriptor(batch.plan, d);
+  return message;
 }
 
 absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {

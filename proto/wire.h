@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -16,6 +17,11 @@ namespace conveyor {
 
 // Fills the layout part of `out` (arrays, streams, pieces, shape) from `plan`.
 void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out);
+
+struct Batch;  // common/sampling/loader.h
+// The message announcing `batch` as batch `serial` of a stream, resumable at `cursor`: its
+// descriptor complete but for where its bytes are, which its transport adds.
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor);
 
 // Streams a batch descriptor may have.
 inline constexpr int kMaxStreams = 4096;

@@ -321,17 +321,8 @@ bool StreamReactor::Publish(const Batch& batch, std::unique_ptr<Transport::Desti
   const std::string cursor = resolved_.Encode(batch.after);
   const uint64_t serial = destination->serial;
   const uint64_t total = batch.plan.total_bytes;
-  v1::StreamResponse first;
-  v1::BatchDescriptor* d = first.mutable_batch();
-  d->set_serial(serial);
-  d->set_epoch(batch.epoch);
-  d->set_batch(batch.index);
-  d->set_end_of_epoch(batch.end_of_epoch);
-  d->set_end_of_sweep(batch.end_of_sweep);
-  d->set_cursor(cursor);
-  PlanToDescriptor(batch.plan, d);
   std::vector<OutgoingMessage> out;
-  transport_->Describe(std::move(destination), std::move(first), &out);
+  transport_->Describe(std::move(destination), BatchResponse(batch, serial, cursor), &out);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_ && !draining_) return false;  // cancelled while making it
   --credits_;
