@@ -1,6 +1,7 @@
 #include "server/stream_reactor.h"
 
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/status.h"
@@ -264,13 +265,15 @@ void StreamReactor::Produce() {
     }
     if (may_begin) {
       // The batch is assembled straight into where it travels from, as its transport says.
-      std::unique_ptr<Transport::Destination> b;
-      auto more = loader_->Begin([this, serial, &b](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
-        auto d = transport_->Reserve(serial, size);
+      // (Two captures: the callback fits std::function's inline storage, no allocation.)
+      std::pair<uint64_t, std::unique_ptr<Transport::Destination>> begin{serial, nullptr};
+      auto more = loader_->Begin([this, &begin](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
+        auto d = transport_->Reserve(begin.first, size);
         if (!d.ok()) return d.status();
-        b = std::move(*d);
-        return b->bytes;
+        begin.second = std::move(*d);
+        return begin.second->bytes;
       });
+      std::unique_ptr<Transport::Destination> b = std::move(begin.second);
       if (!more.ok()) {
         // A drain cancels the loader: the batches begun are still sent. Otherwise the error
         // ends the stream after them.
