@@ -4,8 +4,10 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "server/shared_memory.h"
 #include "server/transports/pooled_transport.h"
@@ -40,6 +42,18 @@ TEST(Transport, SharedMemoryNeedsTheDaemonsSocket) {
   auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_SHARED_MEMORY), TransportEnv{&o, &budget, 2});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(t.status().message(), "shared memory needs the daemon's unix socket (started without one)");
+}
+
+TEST(Transport, CudaIpcWithoutADeviceIsFailedPrecondition) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "this host has a CUDA device";
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_CUDA_IPC), TransportEnv{&o, &budget, 2});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("TRANSPORT_CUDA_IPC needs a CUDA device on the daemon's host"),
+            std::string::npos)
+      << t.status();
 }
 
 TEST(Transport, ABatchPastTheSubscriptionBudgetIsRefusedBeforeAnyMemory) {
