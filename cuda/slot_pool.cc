@@ -34,9 +34,10 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(MemoryKind kind, uint
 absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Over(MemoryKind kind, std::shared_ptr<std::byte> memory,
                                                          uint64_t slot_bytes, uint32_t slots, int device) {
   if (memory == nullptr || slot_bytes == 0 || slots == 0 || slot_bytes % 256 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", MemoryKindName(kind), " slot pool over given memory needs it (",
-                                                   memory == nullptr ? "none" : "given", ") and slots (", slots,
-                                                   ") of a nonzero multiple of 256 bytes (", slot_bytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", MemoryKindName(kind), " slot pool over given memory needs that memory",
+        memory == nullptr ? " (none was given)" : "", ", at least one slot (", slots,
+        ") and slots of a nonzero multiple of 256 bytes (", slot_bytes, ")"));
   }
   std::byte* base = memory.get();
   return std::unique_ptr<SlotPool>(new SlotPool(kind, device, base, slot_bytes, slots, std::move(memory)));

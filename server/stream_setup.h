@@ -1,10 +1,10 @@
 // stream_setup.h: a Subscribe message checked and turned into what its stream needs: the
 // dataset, the resolved stream (planner options, cursor identity), its transport, an
-// assembler for the transport's memory and a loader. Every field is bounded here (sizes, enums, credits) and the subscription's
-// memory budget is checked against the worst minibatch the request allows, so that nothing
-// a client asks for makes the daemon plan or allocate without limit. Runs on the
-// subscription's producer thread, never on a gRPC thread (resolving a cursor seeks the
-// randomizer: O(window)).
+// assembler for the transport's memory and a loader. Every field is bounded here (sizes,
+// enums, credits) and the subscription's memory budget is checked against the worst
+// minibatch the request allows, so that nothing a client asks for makes the daemon plan or
+// allocate without limit. Runs on the subscription's producer thread, never on a gRPC
+// thread (resolving a cursor seeks the randomizer: O(window)).
 #pragma once
 
 #include <cstdint>
