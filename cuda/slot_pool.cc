@@ -31,12 +31,28 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(MemoryKind kind, uint
   return std::unique_ptr<SlotPool>(new SlotPool(kind, device, static_cast<std::byte*>(*mem), slot_bytes, slots));
 }
 
-SlotPool::SlotPool(MemoryKind kind, int device, std::byte* base, uint64_t slot_bytes, uint32_t slots)
-    : kind_(kind), device_(device), base_(base), slot_bytes_(slot_bytes), slots_(slots), held_(slots, false) {
+absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Over(MemoryKind kind, std::shared_ptr<std::byte> memory,
+                                                         uint64_t slot_bytes, uint32_t slots, int device) {
+  if (memory == nullptr || slot_bytes == 0 || slots == 0 || slot_bytes % 256 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", MemoryKindName(kind), " slot pool over given memory needs that memory",
+        memory == nullptr ? " (none was given)" : "", ", at least one slot (", slots,
+        ") and slots of a nonzero multiple of 256 bytes (", slot_bytes, ")"));
+  }
+  std::byte* base = memory.get();
+  return std::unique_ptr<SlotPool>(new SlotPool(kind, device, base, slot_bytes, slots, std::move(memory)));
+}
+
+SlotPool::SlotPool(MemoryKind kind, int device, std::byte* base, uint64_t slot_bytes, uint32_t slots,
+                   std::shared_ptr<std::byte> owner)
+    : kind_(kind), device_(device), base_(base), slot_bytes_(slot_bytes), slots_(slots), owner_(std::move(owner)),
+      held_(slots, false) {
   for (uint32_t i = slots; i > 0; --i) free_.push_back(i - 1);
 }
 
-SlotPool::~SlotPool() { FreeMemory(kind_, base_, device_); }
+SlotPool::~SlotPool() {
+  if (owner_ == nullptr) FreeMemory(kind_, base_, device_);
+}
 
 absl::StatusOr<Slot> SlotPool::Acquire(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
@@ -48,6 +64,15 @@ absl::StatusOr<Slot> SlotPool::Acquire(absl::Duration timeout) {
                                                     " slots are still held after ", absl::FormatDuration(timeout),
                                                     " (consumers have not acknowledged them)"));
   }
+  const uint32_t i = free_.back();
+  free_.pop_back();
+  held_[i] = true;
+  return Slot{i, base_ + uint64_t{i} * slot_bytes_, slot_bytes_};
+}
+
+std::optional<Slot> SlotPool::TryAcquire() {
+  absl::MutexLock lock(&mu_);
+  if (closed_ || free_.empty()) return std::nullopt;
   const uint32_t i = free_.back();
   free_.pop_back();
   held_[i] = true;

@@ -3,11 +3,14 @@
 // managed) for batches assembled on the GPU, or plain host memory (tests, CPU builds).
 // A full pool is back-pressure: Acquire() waits for a Release() (or its timeout), it never
 // allocates. One allocation per pool also means one CUDA IPC handle exports every slot.
+// A pool may also be laid over memory made elsewhere (a memfd segment, an exported device
+// block): SlotPool::Over() keeps that memory's owner alive instead of allocating.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -41,6 +44,12 @@ class SlotPool {
   // sizes, a total past 2^40 bytes), those of AllocateMemory.
   static absl::StatusOr<std::unique_ptr<SlotPool>> Create(MemoryKind kind, uint64_t slot_bytes, uint32_t slots,
                                                           int device = 0);
+  // `slots` slots of `slot_bytes` each over memory of `kind` that `memory` owns (at least
+  // slots x slot_bytes bytes at memory.get()); the pool holds its reference until destroyed
+  // and frees nothing itself. Errors: InvalidArgument (null memory, zero sizes, slot_bytes
+  // not a multiple of 256, which would misalign the arrays of every slot but the first).
+  static absl::StatusOr<std::unique_ptr<SlotPool>> Over(MemoryKind kind, std::shared_ptr<std::byte> memory,
+                                                        uint64_t slot_bytes, uint32_t slots, int device = 0);
   ~SlotPool();
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
@@ -48,6 +57,9 @@ class SlotPool {
   // A free slot, waiting up to `timeout` for one. Errors: DeadlineExceeded (every slot
   // still held: the consumers are behind), Cancelled (the pool was closed).
   absl::StatusOr<Slot> Acquire(absl::Duration timeout);
+  // A free slot if there is one, without waiting; nullopt when every slot is held or the
+  // pool is closed.
+  std::optional<Slot> TryAcquire();
   // Returns a slot acquired before; releasing a free or unknown slot is an error.
   absl::Status Release(uint32_t index);
   // Wakes every waiter with Cancelled; later Acquire() calls fail the same way.
@@ -61,13 +73,15 @@ class SlotPool {
   uint32_t free_slots() const;
 
  private:
-  SlotPool(MemoryKind kind, int device, std::byte* base, uint64_t slot_bytes, uint32_t slots);
+  SlotPool(MemoryKind kind, int device, std::byte* base, uint64_t slot_bytes, uint32_t slots,
+           std::shared_ptr<std::byte> owner = nullptr);
 
   const MemoryKind kind_;
   const int device_;
   std::byte* const base_;
   const uint64_t slot_bytes_;
   const uint32_t slots_;
+  const std::shared_ptr<std::byte> owner_;  // Over(): the memory's owner; else null (the pool frees base_)
   mutable absl::Mutex mu_;
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);  // a stack: the most recently used slot first
   std::vector<bool> held_ ABSL_GUARDED_BY(mu_);

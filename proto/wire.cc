@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/sampling/loader.h"
 
 namespace conveyor {
 
@@ -176,6 +177,19 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
   q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
 }
 
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor) {
+  v1::StreamResponse message;
+  v1::BatchDescriptor* d = message.mutable_batch();
+  d->set_serial(serial);
+  d->set_epoch(batch.epoch);
+  d->set_batch(batch.index);
+  d->set_end_of_epoch(batch.end_of_epoch);
+  d->set_end_of_sweep(batch.end_of_sweep);
+  d->set_cursor(cursor);
+  PlanToDescriptor(batch.plan, d);
+  return message;
+}
+
 absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   BatchPlan plan;
   const uint64_t total = d.total_bytes();
@@ -318,35 +332,6 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
     }
   }
   return plan;
-}
-
-v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request) {
-  v1::Subscribe s;
-  s.set_dataset(dataset);
-  s.set_minibatch_size(request.minibatch_size);
-  s.set_epochs(request.epochs);
-  if (request.seed) s.set_seed(*request.seed);
-  if (request.randomize) s.set_randomize(*request.randomize);
-  if (request.epoch_size) s.set_epoch_size(*request.epoch_size);
-  if (request.rank) s.set_rank(*request.rank);
-  if (request.world) s.set_world(*request.world);
-  if (request.frame_mode) s.set_frame_mode(*request.frame_mode);
-  if (request.full_minibatches) {
-    s.set_minibatch_mode(*request.full_minibatches ? v1::MINIBATCH_MODE_FULL : v1::MINIBATCH_MODE_PARTIAL);
-  }
-  s.set_truncation(request.truncation);
-  s.set_parallel(request.parallel);
-  s.set_resume_cursor(request.resume);
-  for (const auto& [name, layout] : request.layouts) (*s.mutable_layouts())[name] = ToProto(layout);
-  for (const auto& [name, dtype] : request.value_dtypes) (*s.mutable_dtypes())[name] = ToProto(dtype);
-  if (request.distribution) {
-    s.set_distribution(*request.distribution == Distribution::kChunks ? v1::DISTRIBUTION_CHUNKS
-                                                                      : v1::DISTRIBUTION_BALANCED);
-  }
-  if (request.first_epoch) s.set_first_epoch(*request.first_epoch);
-  s.set_batch_stride(request.batch_stride);
-  s.set_batch_offset(request.batch_offset);
-  return s;
 }
 
 absl::Status ValidateBatchBytes(const BatchPlan& plan, absl::Span<const std::byte> bytes) {

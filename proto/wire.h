@@ -1,8 +1,10 @@
 // wire.h: conversions between conveyor's in-memory batch plan and the protocol's batch
-// descriptor (both directions), shared by the daemon and the clients.
+// descriptor (both directions), shared by the daemon and the clients. The Subscribe <->
+// StreamRequest mapping is in subscribe.h, the status conversions in status.h.
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -15,6 +17,11 @@ namespace conveyor {
 
 // Fills the layout part of `out` (arrays, streams, pieces, shape) from `plan`.
 void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out);
+
+struct Batch;  // common/sampling/loader.h
+// The message announcing `batch` as batch `serial` of a stream, resumable at `cursor`: its
+// descriptor complete but for where its bytes are, which its transport adds.
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor);
 
 // Streams a batch descriptor may have.
 inline constexpr int kMaxStreams = 4096;
@@ -36,9 +43,5 @@ v1::DType ToProto(DType t);
 v1::Layout ToProto(OutputLayout l);
 // Errors: InvalidArgument for a value this version does not know.
 absl::StatusOr<OutputLayout> LayoutFromProto(v1::Layout l);
-
-// The Subscribe message for `request` (what the CLI's stream flags ask for) on `dataset`.
-// Credits and transport are left to the caller.
-v1::Subscribe MakeSubscribe(const std::string& dataset, const StreamRequest& request);
 
 }  // namespace conveyor

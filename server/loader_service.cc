@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "proto/status.h"
 #include "proto/wire.h"
-#include "server/status_convert.h"
 
 namespace conveyor {
 namespace {

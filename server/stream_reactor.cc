@@ -1,47 +1,14 @@
 #include "server/stream_reactor.h"
 
-#include <algorithm>
-#include <cstring>
 #include <thread>
-
-#include <sys/mman.h>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/status.h"
 #include "proto/wire.h"
 #include "server/loader_service.h"
-#include "server/status_convert.h"
 
 namespace conveyor {
-
-// An inline batch's buffer: pages of its own (mmap), so that freeing it gives the memory
-// back to the system at once. From malloc, a large buffer freed by a producer thread would
-// stay in that thread's arena (the allocator is tuned to keep freed memory for reuse, and
-// malloc_trim cannot shrink a thread arena's top).
-struct StreamReactor::InlineBytes {
-  InlineBytes() = default;
-  InlineBytes(const InlineBytes&) = delete;
-  InlineBytes& operator=(const InlineBytes&) = delete;
-  ~InlineBytes() {
-    if (data != nullptr) ::munmap(data, size);
-  }
-  std::byte* data = nullptr;
-  uint64_t size = 0;
-  Reservation reservation;  // of the daemon's budget, until the last part is written
-};
-
-// A message to write. Inline parts carry their bytes by reference until written.
-struct StreamReactor::Outgoing {
-  v1::StreamResponse message;
-  std::shared_ptr<InlineBytes> bytes;
-  uint64_t offset = 0, size = 0;
-};
-
-struct StreamReactor::BegunBatch {  // begun by the loader, not yet published
-  uint64_t serial = 0;
-  std::vector<v1::StreamResponse> announcements;  // new segments, sent before the batch
-  std::shared_ptr<InlineBytes> bytes;              // inline: where it is assembled
-  BatchSlots::Slot slot;                           // shared memory, CUDA IPC
-};
 
 StreamReactor::StreamReactor(LoaderService* service) : service_(service) {
   if (service_->options_.metrics) service_->options_.metrics->StreamStarted();
@@ -110,7 +77,7 @@ void StreamReactor::OnReadDone(bool ok) {
     }
     ++credits_;
     if (service_->options_.metrics) service_->options_.metrics->InFlight(-1);
-    if (slots_) slots_->Free(serial);
+    if (transport_) transport_->Release(serial);
     cv_.notify_all();
   } else {
     StopLocked();
@@ -124,14 +91,10 @@ void StreamReactor::OnReadDone(bool ok) {
 void StreamReactor::Pump() {
   if (finish_called_ || writing_) return;
   if (!queue_.empty()) {
-    Outgoing o = std::move(queue_.front());
+    OutgoingMessage o = std::move(queue_.front());
     queue_.pop_front();
+    o.Materialize();
     current_ = std::move(o.message);
-    if (o.bytes) {
-      v1::InlinePayload* p =
-          current_.has_batch() ? current_.mutable_batch()->mutable_payload() : current_.mutable_more()->mutable_payload();
-      p->set_data(reinterpret_cast<const char*>(o.bytes->data) + o.offset, o.size);
-    }
     // `o` goes here: after a batch's last part, its buffer is freed.
     writing_ = true;
     StartWrite(&current_);
@@ -213,7 +176,7 @@ void StreamReactor::Destroy() {
       m->InFlight(-static_cast<double>(outstanding_.size()));
       m->StreamEnded(final_status_.error_code());
     }
-    slots_.reset();
+    transport_.reset();
     queue_.clear();
     current_.Clear();
   }
@@ -229,6 +192,7 @@ void StreamReactor::Run() {
   env.registry = service_->registry_.get();
   env.options = &service_->options_;
   env.pool = service_->pool_;
+  env.in_flight = &service_->in_flight_;
   env.chunk_cache_bytes = service_->chunk_cache_bytes_;
   auto setup = SetUpStream(subscribe_, env);
   bool run = false;
@@ -241,21 +205,8 @@ void StreamReactor::Run() {
       resolved_ = std::move(setup->resolved);
       assembler_ = std::move(setup->assembler);
       loader_ = std::move(setup->loader);
-      transport_ = setup->transport;
-      credits_ = credits_total_ = setup->credits;
-      if (transport_ != StreamTransport::kInline) {
-        const ServiceOptions& o = service_->options_;
-        BatchSlotsOptions so;
-        so.device = transport_ == StreamTransport::kCudaIpc;
-        so.cuda_device = setup->cuda_device;
-        so.credits = credits_total_;
-        so.min_slot_bytes = o.min_slot_bytes;
-        so.slot_headroom = o.slot_headroom;
-        so.subscription_bytes = o.subscription_bytes;
-        so.in_flight = &service_->in_flight_;
-        so.fd_server = o.fd_server;
-        slots_ = std::make_unique<BatchSlots>(so);
-      }
+      transport_ = std::move(setup->transport);
+      credits_ = setup->credits;
       if (stop_) loader_->Cancel();
       run = true;
     }
@@ -294,43 +245,13 @@ void StreamReactor::Run() {
   if (destroy) Destroy();
 }
 
-absl::StatusOr<absl::Span<std::byte>> StreamReactor::Destination(BegunBatch* at, uint64_t bytes) {
-  // `credits` batches of this size must fit the subscription's budget, whether or not the
-  // subscriber holds them now: the outcome depends on the request and the data, not on
-  // timing.
-  const ServiceOptions& o = service_->options_;
-  if (static_cast<unsigned __int128>(bytes) * credits_total_ > o.subscription_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "batch ", at->serial, " of ", bytes, " bytes x ", credits_total_,
-        " credits exceeds the subscription budget server.subscriptionBytes (", o.subscription_bytes,
-        " bytes): ask for fewer credits or smaller batches (a sparse stream as CSC or CSR rather than dense)"));
-  }
-  if (slots_) {
-    auto slot = slots_->Take(at->serial, bytes, &at->announcements);
-    if (!slot.ok()) return slot.status();
-    at->slot = *slot;
-    return absl::MakeSpan(at->slot.data, bytes);
-  }
-  absl::Status st = service_->in_flight_.Reserve(bytes, absl::StrCat("a batch of ", bytes, " bytes"));
-  if (!st.ok()) return st;
-  auto b = std::make_shared<InlineBytes>();
-  b->reservation = Reservation(&service_->in_flight_, bytes);
-  const uint64_t mapped = std::max<uint64_t>(bytes, 1);
-  void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a batch of ", bytes, " bytes"));
-  b->data = static_cast<std::byte*>(p);
-  b->size = mapped;
-  at->bytes = std::move(b);
-  return absl::MakeSpan(at->bytes->data, bytes);
-}
-
 void StreamReactor::Produce() {
   // Up to two batches in flight: batch k+1 is planned and begun while batch k is assembled
   // (by the device: CUDA IPC, --assembler cuda), and k is published once it is complete.
   // Each batch begun holds a credit until it is published. The CPU assembler completes a
   // batch as it begins it: one at a time.
   const size_t depth = assembler_->pipelined() ? 2 : 1;
-  std::deque<std::unique_ptr<BegunBatch>> begun;
+  std::deque<std::unique_ptr<Transport::Destination>> begun;
   uint64_t serial = 0;  // the next batch to begin (only this thread advances them)
   bool ended = false;
   absl::Status failed;
@@ -343,12 +264,16 @@ void StreamReactor::Produce() {
       may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < depth;
     }
     if (may_begin) {
-      // The batch is assembled straight into where it travels from: a shared-memory or
-      // device slot, or the buffer its messages' parts are copied from.
-      auto b = std::make_unique<BegunBatch>();
-      b->serial = serial;
-      BegunBatch* at = b.get();
-      auto more = loader_->Begin([this, at](uint64_t size) { return Destination(at, size); });
+      // The batch is assembled straight into where it travels from, as its transport says.
+      // (Two captures: the callback fits std::function's inline storage, no allocation.)
+      std::pair<uint64_t, std::unique_ptr<Transport::Destination>> begin{serial, nullptr};
+      auto more = loader_->Begin([this, &begin](uint64_t size) -> absl::StatusOr<absl::Span<std::byte>> {
+        auto d = transport_->Reserve(begin.first, size);
+        if (!d.ok()) return d.status();
+        begin.second = std::move(*d);
+        return begin.second->bytes;
+      });
+      std::unique_ptr<Transport::Destination> b = std::move(begin.second);
       if (!more.ok()) {
         // A drain cancels the loader: the batches begun are still sent. Otherwise the error
         // ends the stream after them.
@@ -356,6 +281,8 @@ void StreamReactor::Produce() {
         else ended = true;
       } else if (!*more) {
         ended = true;
+      } else if (b == nullptr) {  // the loader always asks where a batch it begins goes
+        failed = absl::InternalError(absl::StrCat("batch ", serial, " was begun without a destination"));
       } else {
         begun.push_back(std::move(b));
         ++serial;
@@ -374,7 +301,7 @@ void StreamReactor::Produce() {
         v1::StreamResponse end;
         end.mutable_end()->set_cursor(last_cursor_);
         end.mutable_end()->set_batches(next_serial_);
-        queue_.push_back(Outgoing{std::move(end), nullptr, 0, 0});
+        queue_.push_back(OutgoingMessage{std::move(end), nullptr, 0, 0});
         end_queued_ = true;
         break;
       }
@@ -387,63 +314,25 @@ void StreamReactor::Produce() {
       final_status_ = ToGrpc(done);
       break;
     }
-    std::unique_ptr<BegunBatch> b = std::move(begun.front());
+    std::unique_ptr<Transport::Destination> b = std::move(begun.front());
     begun.pop_front();
-    if (!Publish(batch, b.get())) break;
+    if (!Publish(batch, std::move(b))) break;
   }
 }
 
-bool StreamReactor::Publish(const Batch& batch, BegunBatch* b) {
+bool StreamReactor::Publish(const Batch& batch, std::unique_ptr<Transport::Destination> destination) {
   const std::string cursor = resolved_.Encode(batch.after);
+  const uint64_t serial = destination->serial;
   const uint64_t total = batch.plan.total_bytes;
-  std::vector<Outgoing> out;
-  for (auto& a : b->announcements) out.push_back(Outgoing{std::move(a), nullptr, 0, 0});
-  Outgoing first;
-  v1::BatchDescriptor* d = first.message.mutable_batch();
-  d->set_serial(b->serial);
-  d->set_epoch(batch.epoch);
-  d->set_batch(batch.index);
-  d->set_end_of_epoch(batch.end_of_epoch);
-  d->set_end_of_sweep(batch.end_of_sweep);
-  d->set_cursor(cursor);
-  PlanToDescriptor(batch.plan, d);
-  if (transport_ == StreamTransport::kSharedMemory) {
-    d->mutable_shm()->set_segment(b->slot.segment);
-    d->mutable_shm()->set_offset(b->slot.offset);
-    out.push_back(std::move(first));
-  } else if (transport_ == StreamTransport::kCudaIpc) {
-    d->mutable_cuda_ipc()->set_segment(b->slot.segment);
-    d->mutable_cuda_ipc()->set_offset(b->slot.offset);
-    out.push_back(std::move(first));
-  } else {
-    // Parts reference the one buffer; each copies its bytes out only when it is written.
-    const uint64_t part = service_->options_.inline_part_bytes;
-    d->set_parts(static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part)));
-    d->mutable_payload()->set_offset(0);
-    first.bytes = b->bytes;
-    first.size = std::min(part, total);
-    out.push_back(std::move(first));
-    for (uint64_t off = part; off < total; off += part) {
-      Outgoing more;
-      more.message.mutable_more()->set_serial(b->serial);
-      more.message.mutable_more()->mutable_payload()->set_offset(off);
-      more.bytes = b->bytes;
-      more.offset = off;
-      more.size = std::min(part, total - off);
-      out.push_back(std::move(more));
-    }
-    b->bytes.reset();
-  }
+  std::vector<OutgoingMessage> out;
+  transport_->Describe(std::move(destination), BatchResponse(batch, serial, cursor), &out);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_ && !draining_) return false;  // cancelled while making it
   --credits_;
   ++next_serial_;
-  outstanding_.insert(b->serial);
+  outstanding_.insert(serial);
   if (Metrics* m = service_->options_.metrics) {
-    const char* transport = transport_ == StreamTransport::kSharedMemory ? "shm"
-                            : transport_ == StreamTransport::kCudaIpc    ? "cuda_ipc"
-                                                                         : "inline";
-    m->Served(dataset_->config().name, transport, total, batch.plan.num_samples);
+    m->Served(dataset_->config().name, transport_->name(), total, batch.plan.num_samples);
     m->InFlight(1);
     const double parsed = loader_->pipeline().parse_seconds();
     m->Parsed(dataset_->config().name, parsed - parse_seconds_reported_);

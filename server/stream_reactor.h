@@ -7,10 +7,10 @@
 // deleted by whichever of OnDone() and the producer's exit comes last, so no gRPC thread
 // ever waits for a producer.
 //
-// Inline batches are assembled into one buffer each; their messages (the descriptor with
-// the first part, then `more` parts) copy their part out of it only when they are written,
-// so a batch is held once, and its buffer (and its share of the daemon's budget) is freed
-// when its last part is written.
+// The reactor holds the stream's flow control and nothing else: credits, the queue of
+// messages, the one write in flight, draining and cancelling. Where a batch is assembled,
+// what is announced before it and what an acknowledgement frees are its Transport's
+// (server/transports/transport.h), whichever kind the subscription asked for.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -26,9 +26,8 @@
 
 #include "common/sampling/loader.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
-#include "server/batch_slots.h"
-#include "server/memory_budget.h"
 #include "server/stream_setup.h"
+#include "server/transports/transport.h"
 
 namespace conveyor {
 
@@ -48,16 +47,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   void Refuse(const grpc::Status& status);
 
  private:
-  struct InlineBytes;
-  struct Outgoing;
-  struct BegunBatch;
-
   // The producer thread: setup, then Produce(), then its share of the teardown.
   void Run();
   void Produce();
-  absl::StatusOr<absl::Span<std::byte>> Destination(BegunBatch* at, uint64_t bytes);
-  // Queues batch `batch`'s messages; false if the stream was cancelled meanwhile.
-  bool Publish(const Batch& batch, BegunBatch* b);
+  // Queues the messages of `batch`, assembled at `destination`; false if the stream was
+  // cancelled meanwhile.
+  bool Publish(const Batch& batch, std::unique_ptr<Transport::Destination> destination);
   // Stops the producer (mu_ held): no more batches; a wait for a chunk ends.
   void StopLocked();
   // Starts the next write, or finishes when everything is sent (mu_ held).
@@ -73,7 +68,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   // right after unlocking it, which POSIX mutexes allow.
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Outgoing> queue_;
+  std::deque<OutgoingMessage> queue_;
   v1::Subscribe subscribe_;
   bool subscribed_ = false;
   bool producer_running_ = false;
@@ -96,9 +91,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   ResolvedStream resolved_;
   std::unique_ptr<BatchAssembler> assembler_;
   std::unique_ptr<Loader> loader_;
-  StreamTransport transport_ = StreamTransport::kInline;
-  uint32_t credits_total_ = 0;
-  std::unique_ptr<BatchSlots> slots_;  // shared memory, CUDA IPC
+  std::unique_ptr<Transport> transport_;  // set under mu_; acks release through it
   double parse_seconds_reported_ = 0;
 };
 

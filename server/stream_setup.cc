@@ -4,116 +4,13 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/cuda_backend.h"
-#include "proto/wire.h"
-#include "server/shared_memory.h"
+#include "proto/subscribe.h"
 
 namespace conveyor {
 namespace {
 
 constexpr size_t kMaxName = 256;
 constexpr size_t kMaxCursor = 4096;
-constexpr int kMaxLayouts = 1024;
-
-absl::Status CheckTransport(const v1::Subscribe& s, const ServiceOptions& o, StreamSetup* out) {
-  switch (s.transport()) {
-    case v1::TRANSPORT_INLINE:
-      out->transport = StreamTransport::kInline;
-      return absl::OkStatus();
-    case v1::TRANSPORT_SHARED_MEMORY:
-      if (o.fd_server == nullptr) {
-        return absl::InvalidArgumentError("shared memory needs the daemon's unix socket (started without one)");
-      }
-      out->transport = StreamTransport::kSharedMemory;
-      return absl::OkStatus();
-    case v1::TRANSPORT_CUDA_IPC: {
-      std::string why;
-      const int devices = CudaDeviceCount(&why);
-      if (devices == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "TRANSPORT_CUDA_IPC needs a CUDA device on the daemon's host, and it has none (", why,
-            "); subscribe with TRANSPORT_SHARED_MEMORY or TRANSPORT_INLINE"));
-      }
-      out->cuda_device = s.has_cuda_device() ? s.cuda_device() : o.cuda_device;
-      if (out->cuda_device < 0 || out->cuda_device >= devices) {
-        return absl::InvalidArgumentError(absl::StrCat("cuda_device ", out->cuda_device, " is not one of the daemon's ",
-                                                       devices, " CUDA device(s)"));
-      }
-      out->transport = StreamTransport::kCudaIpc;
-      return absl::OkStatus();
-    }
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown transport ", static_cast<int>(s.transport())));
-  }
-}
-
-absl::StatusOr<StreamRequest> ToRequest(const v1::Subscribe& s, const ServiceOptions& o) {
-  StreamRequest r;
-  if (s.layouts_size() > kMaxLayouts) return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxLayouts, " layouts"));
-  for (const auto& [name, layout] : s.layouts()) {
-    auto l = LayoutFromProto(layout);
-    if (!l.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(l.status().message(), " for stream '", name.substr(0, 64), "'"));
-    }
-    r.layouts[name] = *l;
-  }
-  switch (s.minibatch_mode()) {
-    case v1::MINIBATCH_MODE_DEFAULT:
-      break;
-    case v1::MINIBATCH_MODE_PARTIAL:
-      r.full_minibatches = false;
-      break;
-    case v1::MINIBATCH_MODE_FULL:
-      r.full_minibatches = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown minibatch_mode ", static_cast<int>(s.minibatch_mode()),
-                                                     " (expected MINIBATCH_MODE_DEFAULT, MINIBATCH_MODE_PARTIAL or "
-                                                     "MINIBATCH_MODE_FULL)"));
-  }
-  if (s.has_randomize()) r.randomize = s.randomize();
-  if (s.has_seed()) r.seed = s.seed();
-  r.minibatch_size = s.minibatch_size();
-  r.epochs = s.epochs() == 0 ? 1 : s.epochs();
-  if (s.has_epoch_size()) r.epoch_size = s.epoch_size();
-  if (s.has_rank()) r.rank = s.rank();
-  if (s.has_world()) r.world = s.world();
-  if (s.has_frame_mode()) r.frame_mode = s.frame_mode();
-  if (s.parallel() > 0 && s.truncation() == 0) return absl::InvalidArgumentError("parallel needs truncation");
-  if (s.truncation() > (1u << 20)) return absl::InvalidArgumentError("truncation must be at most 2^20");
-  r.truncation = s.truncation();
-  r.parallel = s.parallel();
-  r.resume = s.resume_cursor();
-  r.threads = o.parser_threads_per_stream;
-  switch (s.distribution()) {
-    case v1::DISTRIBUTION_DEFAULT:
-      break;
-    case v1::DISTRIBUTION_BALANCED:
-      r.distribution = Distribution::kBalanced;
-      break;
-    case v1::DISTRIBUTION_CHUNKS:
-      r.distribution = Distribution::kChunks;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown distribution ", static_cast<int>(s.distribution())));
-  }
-  if (s.has_first_epoch()) r.first_epoch = s.first_epoch();
-  r.batch_stride = std::max<uint32_t>(1, s.batch_stride());
-  r.batch_offset = s.batch_offset();
-  if (s.dtypes_size() > kMaxLayouts) return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxLayouts, " dtypes"));
-  for (const auto& [name, dtype] : s.dtypes()) {
-    if (dtype == v1::DTYPE_FLOAT16) {
-      r.value_dtypes[name] = DType::kFloat16;
-    } else if (dtype == v1::DTYPE_BFLOAT16) {
-      r.value_dtypes[name] = DType::kBFloat16;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("dtypes['", name.substr(0, 64),
-                                                     "']: a stream's values may be asked as DTYPE_FLOAT16 or "
-                                                     "DTYPE_BFLOAT16 only"));
-    }
-  }
-  return r;
-}
 
 // The most pieces one minibatch of this stream can have: a piece holds at least one sample
 // (one step in BPTT), and a minibatch holds at most minibatch_size samples (T x N steps)
@@ -137,13 +34,16 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
     return absl::InvalidArgumentError(absl::StrCat("initial_credits must be at most ", o.max_credits));
   }
   StreamSetup out;
-  absl::Status st = CheckTransport(s, o, &out);
-  if (!st.ok()) return st;
+  out.credits = s.initial_credits() == 0 ? o.default_credits : s.initial_credits();
+  auto transport = MakeTransport(s, TransportEnv{&o, env.in_flight, out.credits});
+  if (!transport.ok()) return transport.status();
+  out.transport = std::move(*transport);
   auto ds = env.registry->Find(s.dataset());
   if (!ds.ok()) return ds.status();
   out.dataset = *ds;
-  auto request = ToRequest(s, o);
+  auto request = SubscribeToRequest(s);
   if (!request.ok()) return request.status();
+  request->threads = o.parser_threads_per_stream;
   auto resolved = ResolveStream(*out.dataset, *request);
   if (!resolved.ok()) return resolved.status();
   out.resolved = std::move(*resolved);
@@ -174,24 +74,12 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
         " bytes) would pass the daemon's chunk cache budget server.chunkCacheBytes (", limit, " bytes): ", held,
         " bytes of parsed chunks are held; lower randomizationWindow or raise the budget"));
   };
-  std::string note;
-  if (out.transport == StreamTransport::kCudaIpc) {  // assembled where it travels from: device memory
-    auto cuda = MakeCudaAssembler(out.cuda_device, o.staging_bytes);
-    if (!cuda.ok()) return cuda.status();
-    out.assembler = std::move(*cuda);
-  } else {
-    // The CUDA assembler overlaps by itself (the device assembles batch k while the host
-    // plans k+1). The CPU one stays synchronous: on a worker thread of its own it cost CPU
-    // time and gained no throughput here (bench/RESULTS.md, "Pipelined assembly").
-    out.assembler = SelectAssembler(o.cuda_assembler, o.cuda_device, &note, o.staging_bytes);
-    if (o.pipelined_cpu_assembly && !out.assembler->pipelined()) {
-      out.assembler = MakePipelinedAssembler(std::move(out.assembler));
-    }
-  }
+  auto assembler = out.transport->MakeAssembler();
+  if (!assembler.ok()) return assembler.status();
+  out.assembler = std::move(*assembler);
   auto loader = Loader::Create(out.dataset.get(), out.assembler.get(), out.resolved.loader);
   if (!loader.ok()) return loader.status();
   out.loader = std::move(*loader);
-  out.credits = s.initial_credits() == 0 ? o.default_credits : s.initial_credits();
   return out;
 }
 

@@ -1,10 +1,10 @@
 // stream_setup.h: a Subscribe message checked and turned into what its stream needs: the
-// dataset, the resolved stream (planner options, cursor identity), an assembler and a
-// loader. Every field is bounded here (sizes, enums, credits) and the subscription's
-// memory budget is checked against the worst minibatch the request allows, so that nothing
-// a client asks for makes the daemon plan or allocate without limit. Runs on the
-// subscription's producer thread, never on a gRPC thread (resolving a cursor seeks the
-// randomizer: O(window)).
+// dataset, the resolved stream (planner options, cursor identity), its transport, an
+// assembler for the transport's memory and a loader. Every field is bounded here (sizes,
+// enums, credits) and the subscription's memory budget is checked against the worst
+// minibatch the request allows, so that nothing a client asks for makes the daemon plan or
+// allocate without limit. Runs on the subscription's producer thread, never on a gRPC
+// thread (resolving a cursor seeks the randomizer: O(window)).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,9 @@
 #include "common/sampling/stream_request.h"
 #include "conveyor/v1/conveyor.pb.h"
 #include "server/dataset_registry.h"
+#include "server/memory_budget.h"
 #include "server/service_options.h"
+#include "server/transports/transport.h"
 
 namespace conveyor {
 
@@ -26,15 +28,12 @@ namespace conveyor {
 // by the subscription's budget up front.
 inline constexpr uint64_t kPieceBookkeepingBytes = 256;
 
-enum class StreamTransport { kInline, kSharedMemory, kCudaIpc };
-
 struct StreamSetup {
   std::shared_ptr<const Dataset> dataset;
   ResolvedStream resolved;
   std::unique_ptr<BatchAssembler> assembler;
   std::unique_ptr<Loader> loader;
-  StreamTransport transport = StreamTransport::kInline;
-  int cuda_device = 0;
+  std::unique_ptr<Transport> transport;
   uint32_t credits = 0;
 };
 
@@ -42,7 +41,8 @@ struct SetupEnv {
   const DatasetRegistry* registry = nullptr;
   const ServiceOptions* options = nullptr;
   ParserPool* pool = nullptr;
-  uint64_t chunk_cache_bytes = 0;  // parsed chunks of every dataset together
+  MemoryBudget* in_flight = nullptr;  // the daemon's budget for batches in flight
+  uint64_t chunk_cache_bytes = 0;     // parsed chunks of every dataset together
 };
 
 // Errors (the message says which field and what was expected): InvalidArgument (a field out

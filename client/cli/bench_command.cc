@@ -11,7 +11,7 @@
 #include "common/sampling/stream_request.h"
 #ifdef CONVEYOR_HAVE_SERVICE
 #include "client/cpp/conveyor_client.h"
-#include "proto/wire.h"
+#include "proto/subscribe.h"
 #endif
 #include <fcntl.h>
 #include <sys/stat.h>

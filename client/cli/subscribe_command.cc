@@ -9,7 +9,7 @@
 #include "common/cli/command_line.h"
 #include "client/cli/common_options.h"
 #include "client/cpp/conveyor_client.h"
-#include "proto/wire.h"
+#include "proto/subscribe.h"
 #include "common/batch/dump_writer.h"
 #include "common/mapped_file.h"
 #include "cuda/slot_pool.h"

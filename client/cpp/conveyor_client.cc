@@ -10,14 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cuda/ipc.h"
+#include "proto/status.h"
 #include "proto/wire.h"
 
 namespace conveyor {
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(static_cast<int>(s.error_code())), s.error_message());
-}
 
 // ------------------------------------------------------------------ ReceivedBatch
 

@@ -239,7 +239,9 @@ class Client {
   const ClientLimits limits_;
 };
 
-// grpc::Status -> absl::Status.
+// grpc::Status -> absl::Status: the code and the message unchanged. Declared here for the
+// client's users (the installed header includes nothing of proto/ but stream_reader.h);
+// defined once, in proto/status.cc, with its inverse the daemon uses.
 absl::Status FromGrpc(const grpc::Status& status);
 
 }  // namespace conveyor

@@ -3,7 +3,9 @@
 #include "cuda/slot_pool.h"
 
 #include <cstring>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -87,6 +89,51 @@ TEST(SlotPool, RefusesEmptyAndAbsurdSizes) {
   EXPECT_EQ(SlotPool::Create(MemoryKind::kHost, 256, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SlotPool::Create(MemoryKind::kHost, uint64_t{1} << 40, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SlotPool, TryAcquireNeverWaits) {
+  auto pool = SlotPool::Create(MemoryKind::kHost, 256, 2);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto a = (*pool)->TryAcquire();
+  auto b = (*pool)->TryAcquire();
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(a->index, 0u);  // slot 0 first, then 1: the order transports' offsets rely on
+  EXPECT_EQ(b->index, 1u);
+  EXPECT_FALSE((*pool)->TryAcquire().has_value());
+  ASSERT_TRUE((*pool)->Release(a->index).ok());
+  auto c = (*pool)->TryAcquire();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->index, 0u);  // the most recently released slot first
+  ASSERT_TRUE((*pool)->Release(c->index).ok());
+  (*pool)->Close();
+  EXPECT_FALSE((*pool)->TryAcquire().has_value());
+}
+
+TEST(SlotPool, OverGivenMemoryKeepsItsOwnerAndFreesNothing) {
+  bool freed = false;
+  std::vector<std::byte> bytes(3 * 512 + 256);
+  std::byte* base = bytes.data() + (256 - reinterpret_cast<uintptr_t>(bytes.data()) % 256) % 256;
+  std::shared_ptr<std::byte> owner(base, [&freed](std::byte*) { freed = true; });
+  {
+    auto pool = SlotPool::Over(MemoryKind::kHost, owner, 512, 3);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    owner.reset();  // the pool holds the memory now
+    EXPECT_FALSE(freed);
+    EXPECT_EQ((*pool)->base(), base);
+    auto s = (*pool)->Acquire(absl::ZeroDuration());
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->data, base);
+    EXPECT_EQ(s->bytes, 512u);
+  }
+  EXPECT_TRUE(freed);  // through the owner, once the pool is gone
+}
+
+TEST(SlotPool, OverRefusesMisalignedOrMissingMemory) {
+  std::vector<std::byte> bytes(1024);
+  std::shared_ptr<std::byte> owner(bytes.data(), [](std::byte*) {});
+  EXPECT_EQ(SlotPool::Over(MemoryKind::kHost, owner, 300, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SlotPool::Over(MemoryKind::kHost, owner, 256, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SlotPool::Over(MemoryKind::kHost, nullptr, 256, 2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SlotPool, PinnedAndDevicePoolsNeedTheBackend) {

@@ -1,0 +1,102 @@
+// transport.h: the seam between a subscription's stream and how its batches travel. A
+// Transport decides where a batch is assembled (an inline buffer, a shared-memory slot, a
+// device slot), what is announced before it (new segments), how its messages describe it
+// (payload parts, or a segment and offset), and when its memory is given back (written, or
+// acknowledged, or the stream ends). The stream reactor knows only this interface; each
+// kind lives in a file of its own and is made by MakeTransport() from the Subscribe's
+// `transport` (one line per kind in registry.cc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/batch/assembler.h"
+#include "conveyor/v1/conveyor.pb.h"
+#include "server/memory_budget.h"
+#include "server/service_options.h"
+
+namespace conveyor {
+
+// A message to write. An inline part carries its bytes by reference (`payload` keeps the
+// batch's buffer alive) and copies them in only when it is written, so a batch is held
+// once and its buffer is freed when its last part is written.
+struct OutgoingMessage {
+  v1::StreamResponse message;
+  std::shared_ptr<const std::byte> payload;  // null: `message` is complete as it is
+  uint64_t offset = 0, size = 0;
+  // Copies the referenced part into the payload of `message` (a batch or a `more` part).
+  void Materialize();
+};
+
+// What a subscription's transport is made from.
+struct TransportEnv {
+  const ServiceOptions* options = nullptr;  // must outlive the transport
+  MemoryBudget* in_flight = nullptr;        // the daemon's budget for batches in flight; not owned
+  uint32_t credits = 1;                     // the subscription's batches in flight at most
+};
+
+class Transport {
+ public:
+  // Where one batch goes, from Reserve() until Describe(): its bytes and the messages to
+  // send before it. Each transport keeps what else it needs in a subclass of its own.
+  struct Destination {
+    virtual ~Destination() = default;
+    uint64_t serial = 0;
+    absl::Span<std::byte> bytes;                    // host or device memory, the batch's size
+    std::vector<v1::StreamResponse> announcements;  // new segments, sent before the batch
+  };
+
+  // Frees every slot, segment and buffer it still holds (the stream is over; a buffer that
+  // messages still reference lives until they are written or dropped).
+  virtual ~Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // The label of the daemon's metrics: "inline", "shm", "cuda_ipc".
+  virtual const char* name() const = 0;
+
+  // The assembler for this transport's memory. The default assembles into host memory: the
+  // CPU one, or the CUDA one with --assembler cuda (falling back to the CPU, logged once),
+  // pipelined on a worker thread if the options say so. Errors: those of making it.
+  virtual absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeAssembler() const;
+
+  // A destination for batch `serial` of `bytes`. First checks that `credits` batches of
+  // this size fit the subscription's budget, whether or not the subscriber holds them now
+  // (the outcome depends on the request and the data, not on timing). Errors:
+  // ResourceExhausted (the subscription's or the daemon's budget, memfd or device memory),
+  // Internal (sealing, tokens, IPC export). Called by one thread (the producer) at a time.
+  absl::StatusOr<std::unique_ptr<Destination>> Reserve(uint64_t serial, uint64_t bytes);
+
+  // Appends the messages of the batch at `destination` to `out`: its announcements, then
+  // `first` (the batch's descriptor, complete but for where its bytes are) with this
+  // transport's part, then any further parts. Producer thread only.
+  virtual void Describe(std::unique_ptr<Destination> destination, v1::StreamResponse first,
+                        std::vector<OutgoingMessage>* out) = 0;
+
+  // Batch `serial` is acknowledged: its memory may take another batch. Thread-safe; never
+  // blocks longer than a map update. Unknown serials are ignored.
+  virtual void Release(uint64_t serial) = 0;
+
+ protected:
+  explicit Transport(const TransportEnv& env)
+      : options_(*env.options), in_flight_(env.in_flight), credits_(env.credits) {}
+  // Reserve() past the subscription's budget check.
+  virtual absl::StatusOr<std::unique_ptr<Destination>> ReserveChecked(uint64_t serial,
+                                                                      uint64_t bytes) = 0;
+
+  const ServiceOptions& options_;
+  MemoryBudget* const in_flight_;
+  const uint32_t credits_;
+};
+
+// The transport a Subscribe asks for, checked against what the daemon offers. Errors:
+// InvalidArgument (an unknown transport; shared memory without the daemon's unix socket; a
+// cuda_device the daemon does not have), FailedPrecondition (CUDA IPC without a device).
+absl::StatusOr<std::unique_ptr<Transport>> MakeTransport(const v1::Subscribe& subscribe,
+                                                         const TransportEnv& env);
+
+}  // namespace conveyor

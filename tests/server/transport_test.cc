@@ -1,0 +1,185 @@
+// The transports on their own, without a service: where batches go, what is announced
+// before them, and when memory and budget are given back (server/transports/).
+#include "server/transports/transport.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "gtest/gtest.h"
+#include "server/shared_memory.h"
+#include "server/transports/pooled_transport.h"
+#include "tests/test_util.h"
+
+namespace conveyor {
+namespace {
+
+v1::Subscribe SubscribeWith(v1::Transport transport) {
+  v1::Subscribe s;
+  s.set_transport(transport);
+  return s;
+}
+
+v1::StreamResponse Descriptor() {
+  v1::StreamResponse first;
+  first.mutable_batch()->set_serial(0);
+  return first;
+}
+
+TEST(Transport, AnUnknownKindIsInvalidArgument) {
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(static_cast<v1::Transport>(7)), TransportEnv{&o, &budget, 2});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.status().message(), "unknown transport 7");
+}
+
+TEST(Transport, SharedMemoryNeedsTheDaemonsSocket) {
+  ServiceOptions o;  // no fd_server
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_SHARED_MEMORY), TransportEnv{&o, &budget, 2});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.status().message(), "shared memory needs the daemon's unix socket (started without one)");
+}
+
+TEST(Transport, CudaIpcWithoutADeviceIsFailedPrecondition) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "this host has a CUDA device";
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_CUDA_IPC), TransportEnv{&o, &budget, 2});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("TRANSPORT_CUDA_IPC needs a CUDA device on the daemon's host"),
+            std::string::npos)
+      << t.status();
+}
+
+TEST(Transport, ABatchPastTheSubscriptionBudgetIsRefusedBeforeAnyMemory) {
+  ServiceOptions o;
+  o.subscription_bytes = 1000;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto d = (*t)->Reserve(3, 501);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(d.status().message(),
+            "batch 3 of 501 bytes x 2 credits exceeds the subscription budget server.subscriptionBytes (1000 "
+            "bytes): ask for fewer credits or smaller batches (a sparse stream as CSC or CSR rather than dense)");
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST(InlineTransport, PartsReferenceOneBufferFreedWithTheLastOfThem) {
+  ServiceOptions o;
+  o.inline_part_bytes = 100;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_STREQ((*t)->name(), "inline");
+  auto d = (*t)->Reserve(0, 250);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(budget.used(), 250u);
+  for (size_t i = 0; i < 250; ++i) (*d)->bytes[i] = static_cast<std::byte>(i);
+  std::vector<OutgoingMessage> out;
+  (*t)->Describe(std::move(*d), Descriptor(), &out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].message.batch().parts(), 3u);
+  EXPECT_EQ(out[1].message.more().payload().offset(), 100u);
+  EXPECT_EQ(out[2].message.more().payload().offset(), 200u);
+  std::string all;
+  for (OutgoingMessage& m : out) {
+    m.Materialize();
+    all += m.message.has_batch() ? m.message.batch().payload().data() : m.message.more().payload().data();
+  }
+  ASSERT_EQ(all.size(), 250u);
+  for (size_t i = 0; i < 250; ++i) EXPECT_EQ(static_cast<unsigned char>(all[i]), i);
+  EXPECT_EQ(budget.used(), 250u);  // the parts still hold the buffer
+  out.clear();
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+class ShmTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto fds = FdServer::Start(dir_.path() + "/fd.sock");
+    ASSERT_TRUE(fds.ok()) << fds.status();
+    fd_server_ = std::move(*fds);
+    o_.fd_server = fd_server_.get();
+    o_.min_slot_bytes = 256;
+    o_.slot_headroom = 1.0;
+    auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_SHARED_MEMORY), TransportEnv{&o_, &budget_, 2});
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+  }
+  PooledTransport& pooled() { return *static_cast<PooledTransport*>(transport_.get()); }
+  std::vector<OutgoingMessage> Describe(std::unique_ptr<Transport::Destination> d) {
+    std::vector<OutgoingMessage> out;
+    transport_->Describe(std::move(d), Descriptor(), &out);
+    return out;
+  }
+
+  testing::TempDir dir_;
+  ServiceOptions o_;
+  MemoryBudget budget_{"the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20};
+  std::unique_ptr<FdServer> fd_server_;
+  std::unique_ptr<Transport> transport_;
+};
+
+TEST_F(ShmTransportTest, TheFirstBatchAnnouncesItsSegmentBeforeItself) {
+  EXPECT_STREQ(transport_->name(), "shm");
+  auto d = transport_->Reserve(0, 1000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<OutgoingMessage> out = Describe(std::move(*d));
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[0].message.has_segment());
+  EXPECT_EQ(out[0].message.segment().id(), 0u);
+  EXPECT_EQ(out[0].message.segment().bytes(), 2u * 1024);  // 2 credits x 1000 bytes rounded to 256
+  EXPECT_EQ(out[0].message.segment().fd_socket(), fd_server_->path());
+  EXPECT_EQ(out[0].message.segment().token().size(), 16u);
+  ASSERT_TRUE(out[1].message.has_batch());
+  EXPECT_EQ(out[1].message.batch().shm().segment(), 0u);
+  EXPECT_EQ(out[1].message.batch().shm().offset(), 0u);
+  EXPECT_EQ(budget_.used(), 2048u);
+}
+
+TEST_F(ShmTransportTest, BatchesThatFitShareTheSegmentAndAckedSlotsAreReused) {
+  auto a = transport_->Reserve(0, 1000);
+  auto b = transport_->Reserve(1, 900);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE((*b)->announcements.empty());
+  std::vector<OutgoingMessage> out = Describe(std::move(*b));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].message.batch().shm().offset(), 1024u);
+  EXPECT_EQ(transport_->Reserve(2, 100).status().code(), absl::StatusCode::kInternal);  // both slots held
+  transport_->Release(0);
+  auto c = transport_->Reserve(2, 100);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Describe(std::move(*c))[0].message.batch().shm().offset(), 0u);
+  EXPECT_EQ(pooled().segments(), 1u);
+}
+
+TEST_F(ShmTransportTest, ALargerBatchGetsANewSegmentAndTheIdleOldOneIsReleased) {
+  auto a = transport_->Reserve(0, 1000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = transport_->Reserve(1, 3000);  // outgrows the 1024-byte slots
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*b)->announcements.size(), 1u);
+  EXPECT_EQ((*b)->announcements[0].segment().id(), 1u);
+  EXPECT_EQ(pooled().segments(), 2u);  // segment 0 still holds batch 0
+  EXPECT_EQ(budget_.used(), 2048u + 2 * 3072u);
+  EXPECT_EQ(Describe(std::move(*b)).back().message.batch().shm().segment(), 1u);
+  transport_->Release(0);
+  transport_->Release(1);
+  auto c = transport_->Reserve(2, 100);  // segment 0 is idle: released on the next batch
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->announcements.empty());
+  EXPECT_EQ(pooled().segments(), 1u);
+  EXPECT_EQ(pooled().bytes(), 2 * 3072u);
+  EXPECT_EQ(budget_.used(), 2 * 3072u);
+  transport_.reset();
+  EXPECT_EQ(budget_.used(), 0u);
+}
+
+}  // namespace
+}  // namespace conveyor
