@@ -27,11 +27,11 @@
 #include "common/sampling/loader.h"
 #include "common/sampling/stream_request.h"
 #include "cuda/assembly_program.h"
+#include "cuda/cases/batch_cases.h"
+#include "cuda/cases/compressed_cases.h"
 #include "cuda/cuda_assembler.h"
 #include "cuda/kaldi_cm_device.h"
 #include "cuda/slot_pool.h"
-#include "tests/gpu/batch_cases.h"
-#include "tests/gpu/compressed_cases.h"
 
 namespace {
 

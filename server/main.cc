@@ -165,140 +165,162 @@ absl::StatusOr<unsigned> ParseUnixMode(const std::string& text) {
   return mode;
 }
 
-// The slow half: configuration, address checks, assembler, indexing. Runs on its own thread.
-absl::StatusOr<Prepared> Prepare(Flags f) {
-  Prepared p;
-  if (f.config_path.empty()) f.config_path = ExamplesConfig();
-  ASSIGN_OR_RETURN(conveyor::Config config, conveyor::LoadConfigFile(f.config_path));
-  for (const auto& w : config.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
-  conveyor::ServiceOptions& options = p.options;
-  // Flags override the config's server block, which overrides the defaults.
-  if (f.parser_threads == 0) f.parser_threads = config.server.parser_threads;
-  if (f.parser_threads > 0) options.parser_threads = f.parser_threads;
-  if (f.parser_threads_per_stream == 0) f.parser_threads_per_stream = config.server.parser_threads_per_stream;
-  if (f.parser_threads_per_stream > 0) options.parser_threads_per_stream = f.parser_threads_per_stream;
-  if (f.max_subscriptions == 0) f.max_subscriptions = config.server.max_subscriptions;
-  if (f.max_subscriptions > 0) options.max_subscriptions = f.max_subscriptions;
-  if (f.inline_part_bytes > 0) options.inline_part_bytes = f.inline_part_bytes;
-  if (config.server.staging_bytes > 0) options.staging_bytes = config.server.staging_bytes;
-  if (config.server.min_slot_bytes > 0) options.min_slot_bytes = config.server.min_slot_bytes;
-  if (config.server.slot_headroom > 0) options.slot_headroom = config.server.slot_headroom;
-  conveyor::ApplyMemoryBudgets(config.server, &options);
+// Flags override the config's server block, which overrides the defaults.
+void ApplyServiceFlags(const conveyor::Config& config, Flags* f, conveyor::ServiceOptions* options) {
+  if (f->parser_threads == 0) f->parser_threads = config.server.parser_threads;
+  if (f->parser_threads > 0) options->parser_threads = f->parser_threads;
+  if (f->parser_threads_per_stream == 0) f->parser_threads_per_stream = config.server.parser_threads_per_stream;
+  if (f->parser_threads_per_stream > 0) options->parser_threads_per_stream = f->parser_threads_per_stream;
+  if (f->max_subscriptions == 0) f->max_subscriptions = config.server.max_subscriptions;
+  if (f->max_subscriptions > 0) options->max_subscriptions = f->max_subscriptions;
+  if (f->inline_part_bytes > 0) options->inline_part_bytes = f->inline_part_bytes;
+  if (config.server.staging_bytes > 0) options->staging_bytes = config.server.staging_bytes;
+  if (config.server.min_slot_bytes > 0) options->min_slot_bytes = config.server.min_slot_bytes;
+  if (config.server.slot_headroom > 0) options->slot_headroom = config.server.slot_headroom;
+  conveyor::ApplyMemoryBudgets(config.server, options);
+}
 
-  // Addresses first: a daemon that cannot serve should say so before indexing for minutes.
-  p.listen = !f.listen.empty() ? f.listen : (config.listen.empty() ? "127.0.0.1:7070" : config.listen);
-  p.no_unix = f.no_unix;
-  p.unix_path = f.unix_path.empty() ? DefaultUnixSocket() : f.unix_path;
+// The TCP address and the unix socket's path and mode.
+absl::Status ResolveAddresses(const Flags& f, const conveyor::Config& config, Prepared* p) {
+  p->listen = !f.listen.empty() ? f.listen : (config.listen.empty() ? "127.0.0.1:7070" : config.listen);
+  p->no_unix = f.no_unix;
+  p->unix_path = f.unix_path.empty() ? DefaultUnixSocket() : f.unix_path;
   if (!f.unix_mode.empty()) {
-    ASSIGN_OR_RETURN(p.unix_mode, ParseUnixMode(f.unix_mode));
+    ASSIGN_OR_RETURN(p->unix_mode, ParseUnixMode(f.unix_mode));
   } else if (config.server.unix_socket_mode >= 0) {
-    p.unix_mode = static_cast<unsigned>(config.server.unix_socket_mode);
+    p->unix_mode = static_cast<unsigned>(config.server.unix_socket_mode);
   }
+  return absl::OkStatus();
+}
+
+// The bearer token, if any; then whether p->listen may be served with it (or without).
+absl::Status ResolveToken(const Flags& f, const conveyor::Config& config, Prepared* p) {
+  conveyor::ServiceOptions& options = p->options;
   const std::string token_file = !f.token_file.empty() ? f.token_file : config.token_file;
   if (!token_file.empty()) {
     ASSIGN_OR_RETURN(options.token, ReadSecretFile(token_file, "token file"));
     while (!options.token.empty() && std::isspace(static_cast<unsigned char>(options.token.back()))) options.token.pop_back();
     if (options.token.empty()) return absl::FailedPreconditionError(absl::StrCat("the token file ", token_file, " is empty"));
   }
-  RETURN_IF_ERROR(conveyor::CheckTcpAddressFree(p.listen));  // also: is it an address at all
+  RETURN_IF_ERROR(conveyor::CheckTcpAddressFree(p->listen));  // also: is it an address at all
   const bool insecure = f.insecure || config.insecure;
-  if (options.token.empty() && !insecure && !conveyor::IsLoopbackListenAddress(p.listen)) {
+  if (options.token.empty() && !insecure && !conveyor::IsLoopbackListenAddress(p->listen)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to serve ", p.listen, " without a token: anyone who reaches that address could read every dataset. "
+        "refusing to serve ", p->listen, " without a token: anyone who reaches that address could read every dataset. "
         "Give a token (--token-file FILE, or tokenFile: in the config; clients send it as 'authorization: Bearer "
         "TOKEN'), or listen on loopback (--listen 127.0.0.1:PORT), or accept the risk with --insecure (insecure: true)"));
   }
+  return absl::OkStatus();
+}
+
+// TLS on TCP: both the certificate and the key, or neither.
+absl::Status ResolveTls(const Flags& f, const conveyor::Config& config, Prepared* p) {
   const std::string tls_cert = !f.tls_cert.empty() ? f.tls_cert : config.tls_cert;
   const std::string tls_key = !f.tls_key.empty() ? f.tls_key : config.tls_key;
   if (!tls_cert.empty() || !tls_key.empty()) {
     if (tls_cert.empty() || tls_key.empty()) return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
-    ASSIGN_OR_RETURN(p.tls_cert_pem, ReadSecretFile(tls_cert, "TLS certificate"));
-    ASSIGN_OR_RETURN(p.tls_key_pem, ReadSecretFile(tls_key, "TLS key"));
-    p.tls = true;
-  } else if (!options.token.empty()) {
+    ASSIGN_OR_RETURN(p->tls_cert_pem, ReadSecretFile(tls_cert, "TLS certificate"));
+    ASSIGN_OR_RETURN(p->tls_key_pem, ReadSecretFile(tls_key, "TLS key"));
+    p->tls = true;
+  } else if (!p->options.token.empty()) {
     std::fprintf(stderr, "WARNING: a bearer token without TLS travels in clear text\n");
   }
+  return absl::OkStatus();
+}
+
+// Decided once: without a usable device every subscription gets the CPU assembler, and the
+// startup line (p->note) says why. With the CUDA assembler, Kaldi compressed matrices are
+// decoded on the device: the parser threads leave them compressed.
+void ChooseAssembler(const conveyor::Config& config, Flags* f, Prepared* p) {
+  conveyor::ServiceOptions& options = p->options;
+  std::string assembler = f->assembler;
+  if (assembler.empty()) assembler = config.server.assembler.empty() ? "cpu" : config.server.assembler;
+  if (f->device < 0) f->device = config.server.cuda_device;
+  if (f->device >= 0) options.cuda_device = f->device;
+  options.cuda_assembler = assembler == "cuda";
+  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &p->note);
+  if (p->note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
+  if (options.cuda_assembler) p->note += "; Kaldi compressed matrices decoded on the device";
+}
+
+// The slow half: configuration, address checks, assembler, indexing. Runs on its own thread.
+absl::StatusOr<Prepared> Prepare(Flags f) {
+  Prepared p;
+  if (f.config_path.empty()) f.config_path = ExamplesConfig();
+  ASSIGN_OR_RETURN(conveyor::Config config, conveyor::LoadConfigFile(f.config_path));
+  for (const auto& w : config.warnings) std::fprintf(stderr, "WARNING: %s\n", w.c_str());
+  ApplyServiceFlags(config, &f, &p.options);
+  // Addresses first: a daemon that cannot serve should say so before indexing for minutes.
+  RETURN_IF_ERROR(ResolveAddresses(f, config, &p));
+  RETURN_IF_ERROR(ResolveToken(f, config, &p));
+  RETURN_IF_ERROR(ResolveTls(f, config, &p));
   if (!p.no_unix) {
     RETURN_IF_ERROR(conveyor::PrepareUnixSocketPath(p.unix_path));
     RETURN_IF_ERROR(conveyor::PrepareUnixSocketPath(p.unix_path + ".fd"));
   }
   p.metrics_address = f.metrics_address;
   p.port_file = f.port_file;
-
-  // Decided once: without a usable device every subscription gets the CPU assembler, and the
-  // startup line says why. With the CUDA assembler, Kaldi compressed matrices are decoded on
-  // the device: the parser threads leave them compressed.
-  std::string assembler = f.assembler;
-  if (assembler.empty()) assembler = config.server.assembler.empty() ? "cpu" : config.server.assembler;
-  if (f.device < 0) f.device = config.server.cuda_device;
-  if (f.device >= 0) options.cuda_device = f.device;
-  options.cuda_assembler = assembler == "cuda";
-  conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &p.note);
-  if (p.note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
-  if (options.cuda_assembler) p.note += "; Kaldi compressed matrices decoded on the device";
-  ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, options.cuda_assembler));
+  ChooseAssembler(config, &f, &p);
+  ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, p.options.cuda_assembler));
   return p;
 }
 
-// The fast half and the life of the server. Returns the exit status.
-int Serve(Prepared p, const sigset_t& signals) {
-  conveyor::ServiceOptions options = p.options;
-  // Same-host clients fetch shared-memory segments from <unix socket>.fd.
-  std::unique_ptr<conveyor::FdServer> fd_server;
-  if (!p.no_unix) {
-    auto fds = conveyor::FdServer::Start(p.unix_path + ".fd", p.unix_mode);
-    if (!fds.ok()) {
-      std::fprintf(stderr, "conveyord: %s\n", std::string(fds.status().message()).c_str());
-      return kExitFailure;
-    }
-    fd_server = std::move(*fds);
-    options.fd_server = fd_server.get();
+// Same-host clients fetch shared-memory segments from <unix socket>.fd. Null after printing
+// why when it cannot start.
+std::unique_ptr<conveyor::FdServer> StartFdServer(const Prepared& p) {
+  auto fds = conveyor::FdServer::Start(p.unix_path + ".fd", p.unix_mode);
+  if (!fds.ok()) {
+    std::fprintf(stderr, "conveyord: %s\n", std::string(fds.status().message()).c_str());
+    return nullptr;
   }
-  conveyor::Metrics metrics;
-  options.metrics = &metrics;
-  if (!p.metrics_address.empty()) {
-    const int mport = metrics.Serve(p.metrics_address);
-    if (mport == 0) {
-      std::fprintf(stderr, "conveyord: cannot serve metrics on %s (in use, or not host:port)\n", p.metrics_address.c_str());
-      return kExitFailure;
-    }
-    std::fprintf(stderr, "conveyord: metrics on http://%s:%d/metrics\n",
-                 p.metrics_address.substr(0, p.metrics_address.rfind(':')).c_str(), mport);
+  return std::move(*fds);
+}
+
+// Serves `metrics` at `address` (host:port). False after printing why when it cannot.
+bool StartMetrics(const std::string& address, conveyor::Metrics* metrics) {
+  const int mport = metrics->Serve(address);
+  if (mport == 0) {
+    std::fprintf(stderr, "conveyord: cannot serve metrics on %s (in use, or not host:port)\n", address.c_str());
+    return false;
   }
+  std::fprintf(stderr, "conveyord: metrics on http://%s:%d/metrics\n", address.substr(0, address.rfind(':')).c_str(),
+               mport);
+  return true;
+}
+
+// Builds and starts the gRPC server for `service` on TCP (the port chosen in *port) and the
+// unix socket. Null (or *port 0) when it cannot listen.
+std::unique_ptr<grpc::Server> StartGrpcServer(const Prepared& p, const conveyor::ServiceOptions& options,
+                                              conveyor::LoaderService* service, int* port) {
   std::shared_ptr<grpc::ServerCredentials> tcp_creds = grpc::InsecureServerCredentials();
   if (p.tls) {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({p.tls_key_pem, p.tls_cert_pem});
     tcp_creds = grpc::SslServerCredentials(ssl);
   }
-  const std::vector<std::string> names = p.registry->Names();
-  const bool token = !options.token.empty();
-  conveyor::LoaderService service(std::move(p.registry), options);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Reflection cannot check the token: it answers only where every call is allowed. (Linking
   // the plugin registers it for every builder; this option takes it out again.)
-  if (token) builder.SetOption(std::make_unique<WithoutReflection>());
+  if (!options.token.empty()) builder.SetOption(std::make_unique<WithoutReflection>());
   // gRPC binds with SO_REUSEPORT by default: a second daemon would share the port with a
   // live one and take half its connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  int port = 0;
-  builder.AddListeningPort(p.listen, tcp_creds, &port);
+  builder.AddListeningPort(p.listen, tcp_creds, port);
   if (!p.no_unix) builder.AddListeningPort("unix:" + p.unix_path, grpc::InsecureServerCredentials());
   conveyor::ConfigureServerBuilder(&builder, options);
   builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
-  builder.RegisterService(&service);
+  builder.RegisterService(service);
   // The socket has its mode from the moment it exists: no window in which others connect.
   const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(p.unix_mode));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ::umask(old_umask);
-  if (!server || port == 0) {
-    std::fprintf(stderr, "conveyord: cannot listen on %s%s\n", p.listen.c_str(),
-                 p.no_unix ? "" : (" or unix:" + p.unix_path).c_str());
-    return kExitFailure;
-  }
-  if (!p.no_unix) ::chmod(p.unix_path.c_str(), p.unix_mode);
+  return server;
+}
+
+// The startup line, then the port file for whoever waits on it.
+void AnnounceServing(const Prepared& p, const std::vector<std::string>& names, int port, bool token) {
   const std::string host = p.listen.substr(0, p.listen.rfind(':'));
   std::fprintf(stderr, "conveyord %s: serving %s on %s:%d%s%s; %s\n", CONVEYOR_VERSION, absl::StrJoin(names, ", ").c_str(),
                host.c_str(), port, p.no_unix ? "" : (" and unix:" + p.unix_path).c_str(),
@@ -309,6 +331,11 @@ int Serve(Prepared p, const sigset_t& signals) {
       std::fprintf(stderr, "WARNING: cannot write the port file %s\n", p.port_file.c_str());
     }
   }
+}
+
+// Serves until SIGTERM or SIGINT, then drains the streams and stops the server.
+void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Server* server,
+                         conveyor::LoaderService* service) {
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && (sig == SIGHUP || sig == SIGUSR1)) {
     if (sig == SIGHUP) {
@@ -320,34 +347,54 @@ int Serve(Prepared p, const sigset_t& signals) {
   // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
   std::fprintf(stderr, "conveyord: %s: draining %zu stream(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-               service.active_streams());
-  service.Drain();
+               service->active_streams());
+  service->Drain();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
   if (!p.no_unix) ::unlink(p.unix_path.c_str());
+}
+
+// The fast half and the life of the server. Returns the exit status.
+int Serve(Prepared p, const sigset_t& signals) {
+  conveyor::ServiceOptions options = p.options;
+  std::unique_ptr<conveyor::FdServer> fd_server;
+  if (!p.no_unix) {
+    fd_server = StartFdServer(p);
+    if (!fd_server) return kExitFailure;
+    options.fd_server = fd_server.get();
+  }
+  conveyor::Metrics metrics;
+  options.metrics = &metrics;
+  if (!p.metrics_address.empty() && !StartMetrics(p.metrics_address, &metrics)) return kExitFailure;
+  const std::vector<std::string> names = p.registry->Names();
+  conveyor::LoaderService service(std::move(p.registry), options);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartGrpcServer(p, options, &service, &port);
+  if (!server || port == 0) {
+    std::fprintf(stderr, "conveyord: cannot listen on %s%s\n", p.listen.c_str(),
+                 p.no_unix ? "" : (" or unix:" + p.unix_path).c_str());
+    return kExitFailure;
+  }
+  if (!p.no_unix) ::chmod(p.unix_path.c_str(), p.unix_mode);
+  AnnounceServing(p, names, port, !options.token.empty());
+  ServeUntilSignalled(p, signals, server.get(), &service);
   std::fprintf(stderr, "conveyord: stopped\n");
   return 0;
 }
 
-int Run(int argc, char** argv) {
-  CLI::App app{
-      "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
-      "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
-      "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
-      "last cursor and UNAVAILABLE (while still indexing, it stops at once).\n"
-      "Exit status: 0 after a drain, 1 when it cannot start (the message says why), 2 a usage error.\n"
-      "Examples:\n"
-      "  conveyord my.yaml --listen 127.0.0.1:7070\n"
-      "  conveyord my.yaml --listen 0.0.0.0:7070 --token-file /etc/conveyor/token --metrics 0.0.0.0:9090",
-      "conveyord"};
-  app.set_version_flag("--version", std::string("conveyord ") + CONVEYOR_VERSION +
-                                        (conveyor::CudaBuilt() ? " (CUDA assembler built in)" : " (built without CUDA)"));
-  Flags flags;
-  AddFlags(app, &flags);
-  if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;
+constexpr char kAbout[] =
+    "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
+    "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
+    "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
+    "last cursor and UNAVAILABLE (while still indexing, it stops at once).\n"
+    "Exit status: 0 after a drain, 1 when it cannot start (the message says why), 2 a usage error.\n"
+    "Examples:\n"
+    "  conveyord my.yaml --listen 127.0.0.1:7070\n"
+    "  conveyord my.yaml --listen 0.0.0.0:7070 --token-file /etc/conveyor/token --metrics 0.0.0.0:9090";
 
-  // Signals are taken by sigwait in main; every thread inherits the block. SIGUSR1 is the
-  // startup thread saying it is done.
+// Signals are taken by sigwait in main; every thread inherits the block. SIGUSR1 is the
+// startup thread saying it is done.
+sigset_t BlockSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -355,7 +402,12 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
 
+// Runs Prepare on a thread of its own while this one waits for signals: SIGTERM or SIGINT
+// before it is done exits at once.
+absl::StatusOr<Prepared> PrepareInterruptibly(const Flags& flags, const sigset_t& signals) {
   const pthread_t main_thread = pthread_self();
   absl::StatusOr<Prepared> prepared = absl::UnknownError("startup did not finish");
   std::thread startup([&] {
@@ -376,6 +428,18 @@ int Run(int argc, char** argv) {
     std::_Exit(0);
   }
   startup.join();
+  return prepared;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{kAbout, "conveyord"};
+  app.set_version_flag("--version", std::string("conveyord ") + CONVEYOR_VERSION +
+                                        (conveyor::CudaBuilt() ? " (CUDA assembler built in)" : " (built without CUDA)"));
+  Flags flags;
+  AddFlags(app, &flags);
+  if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;
+  const sigset_t signals = BlockSignals();
+  absl::StatusOr<Prepared> prepared = PrepareInterruptibly(flags, signals);
   if (!prepared.ok()) {
     std::fprintf(stderr, "conveyord: %s\n", std::string(prepared.status().message()).c_str());
     return kExitFailure;

@@ -98,6 +98,141 @@ absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Pre
   return absl::OkStatus();
 }
 
+namespace {
+
+// Piece `p`'s place in the batch (*pp) and its samples of each stream (counts[0..streams)).
+// Errors: as PlanBatch's, for this piece.
+absl::Status PlacePiece(const std::vector<StreamConfig>& streams, const BatchShape& shape, const PieceRef& p,
+                        PlacedPiece* pp, uint32_t* counts) {
+  const bool bptt = shape.steps > 0;
+  const size_t ns = streams.size();
+  if (p.row >= shape.rows) return absl::InternalError("piece row outside the batch");
+  pp->key = p.chunk->keys[p.slot];
+  if (!p.chunk->names.empty()) pp->name = p.chunk->names[p.slot];
+  pp->frame = p.frame;
+  pp->row = p.row;
+  pp->t0 = p.t0;
+  pp->sample_begin = p.sample_begin;
+  pp->truncated = bptt;
+  uint32_t longest = 0;
+  for (size_t s = 0; s < ns; ++s) {
+    uint64_t b;
+    counts[s] = PieceSamples(p, s, &b);
+    longest = std::max(longest, counts[s]);
+    if (shape.frame_mode && counts[s] > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frame mode: sequence ", pp->key, " has ", counts[s], " samples of input '", streams[s].name,
+          "' in one frame; expected one sample per frame"));
+    }
+    if (bptt && p.t0 + counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
+  }
+  pp->longest = longest;
+  if (bptt) {
+    for (size_t s = 0; s < ns; ++s) {
+      if (counts[s] != longest) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "truncated BPTT: sequence ", pp->key, " has streams of different lengths; every input of a "
+            "sequence must have the same number of samples"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every piece placed (plan->pieces, plan->counts) and the batch's samples counted.
+absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape,
+                         absl::Span<const PieceRef> pieces, BatchPlan* plan) {
+  int main_stream = -1;
+  for (size_t s = 0; s < streams.size(); ++s)
+    if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
+  plan->pieces.resize(pieces.size());
+  const size_t ns = streams.size();
+  plan->num_streams = ns;
+  plan->counts.resize(pieces.size() * ns);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    uint32_t* counts = plan->counts.data() + i * ns;
+    if (absl::Status st = PlacePiece(streams, shape, pieces[i], &plan->pieces[i], counts); !st.ok()) return st;
+    plan->num_samples += main_stream >= 0 ? counts[main_stream] : plan->pieces[i].longest;
+  }
+  return absl::OkStatus();
+}
+
+// Stream `sc` as delivered: its output layout (`layout`: null for native) and the type of its
+// values (`value_dtype`: null for the precision's own), checked; the type is returned.
+absl::StatusOr<DType> DescribeStream(const StreamConfig& sc, Precision precision, const BatchShape& shape,
+                                     const OutputLayout* layout, const DType* value_dtype, StreamLayout* L) {
+  const DType native = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
+  L->name = sc.name;
+  L->format = sc.format;
+  L->dim = static_cast<uint32_t>(sc.dim);
+  L->sequence_axis = !shape.frame_mode;
+  if (layout != nullptr) {
+    if (absl::Status st = CheckLayout(L->name, L->format, *layout); !st.ok()) return st;
+    if (L->format == StreamFormat::kSparse && *layout != OutputLayout::kCsc) L->layout = *layout;
+  }
+  if (value_dtype != nullptr && *value_dtype != native) {
+    if (absl::Status st = CheckValueDType(L->name, L->format, precision, *value_dtype); !st.ok()) return st;
+    return *value_dtype;
+  }
+  return native;
+}
+
+// Stream `s`'s extent over the pieces: its longest piece (T), its samples and its nnz.
+void MeasureStream(const BatchPlan& plan, absl::Span<const PieceRef> pieces, size_t s, StreamLayout* L) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const uint32_t c = plan.count(i, s);
+    L->max_length = std::max<uint64_t>(L->max_length, pieces[i].t0 + c);
+    L->num_samples += c;
+    if (L->format == StreamFormat::kSparse && c > 0) {
+      uint64_t b;
+      PieceSamples(pieces[i], s, &b);
+      const ParsedStream& ps = pieces[i].chunk->streams[s];
+      L->nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
+    }
+  }
+  if (plan.shape.frame_mode) L->max_length = 1;
+  if (plan.shape.steps > 0) L->max_length = plan.shape.steps;
+}
+
+// Stream L's arrays for `n` rows, placed from *cursor on. Errors: ResourceExhausted when
+// dense values pass kMaxBatchBytes or CSR's column indices overflow.
+absl::Status PlaceStreamArrays(uint64_t n, DType value_type, StreamLayout* L, uint64_t* cursor) {
+  const uint64_t T = L->max_length;
+  if (L->sequence_axis) Place(&L->lengths, DType::kInt32, {n}, cursor);
+  const uint64_t cols = L->sequence_axis ? n * T : n;
+  const DType ptr_type = L->nnz > static_cast<uint64_t>(INT32_MAX) ? DType::kInt64 : DType::kInt32;
+  if (L->ids()) {
+    if (L->sequence_axis) Place(&L->values, DType::kInt32, {n, T}, cursor);
+    else Place(&L->values, DType::kInt32, {n}, cursor);
+  } else if (L->dense_values()) {
+    const unsigned __int128 want = static_cast<unsigned __int128>(cols) * L->dim * DTypeSize(value_type);
+    if (want > kMaxBatchBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "stream '", L->name, "' as dense needs ", static_cast<uint64_t>(want >> 20), " MiB for ", cols,
+          " samples x dim ", L->dim, " (at most ", kMaxBatchBytes >> 20, " MiB); ask for CSC or CSR"));
+    }
+    if (L->sequence_axis) {
+      Place(&L->values, value_type, {n, T, L->dim}, cursor);
+    } else {
+      Place(&L->values, value_type, {n, L->dim}, cursor);
+    }
+  } else if (L->csr()) {
+    if (cols > static_cast<uint64_t>(INT32_MAX)) {
+      return absl::ResourceExhaustedError(absl::StrCat("stream '", L->name, "': ", cols, " columns do not fit CSR's int32 column indices"));
+    }
+    Place(&L->rowptr, ptr_type, {uint64_t{L->dim} + 1}, cursor);
+    Place(&L->colind, DType::kInt32, {L->nnz}, cursor);
+    Place(&L->values, value_type, {L->nnz}, cursor);
+  } else {
+    Place(&L->colptr, ptr_type, {cols + 1}, cursor);
+    Place(&L->rowind, DType::kInt32, {L->nnz}, cursor);
+    Place(&L->values, value_type, {L->nnz}, cursor);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
                                     absl::Span<const OutputLayout> layouts, absl::Span<const DType> value_dtypes) {
@@ -111,116 +246,21 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
   plan.precision = precision;
   plan.shape = shape;
   plan.num_sequences = pieces.size();
+  if (absl::Status st = PlacePieces(streams, shape, pieces, &plan); !st.ok()) return st;
   const uint64_t n = shape.rows;
-  const bool bptt = shape.steps > 0;
-  int main_stream = -1;
-  for (size_t s = 0; s < streams.size(); ++s)
-    if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
-  plan.pieces.resize(pieces.size());
-  const size_t ns = streams.size();
-  plan.num_streams = ns;
-  plan.counts.resize(pieces.size() * ns);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const PieceRef& p = pieces[i];
-    if (p.row >= n) return absl::InternalError("piece row outside the batch");
-    PlacedPiece& pp = plan.pieces[i];
-    pp.key = p.chunk->keys[p.slot];
-    if (!p.chunk->names.empty()) pp.name = p.chunk->names[p.slot];
-    pp.frame = p.frame;
-    pp.row = p.row;
-    pp.t0 = p.t0;
-    pp.sample_begin = p.sample_begin;
-    pp.truncated = bptt;
-    uint32_t* counts = plan.counts.data() + i * ns;
-    uint32_t longest = 0;
-    for (size_t s = 0; s < ns; ++s) {
-      uint64_t b;
-      counts[s] = PieceSamples(p, s, &b);
-      longest = std::max(longest, counts[s]);
-      if (shape.frame_mode && counts[s] > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "frame mode: sequence ", pp.key, " has ", counts[s], " samples of input '", streams[s].name,
-            "' in one frame; expected one sample per frame"));
-      }
-      if (bptt && p.t0 + counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
-    }
-    pp.longest = longest;
-    if (bptt) {
-      for (size_t s = 0; s < ns; ++s) {
-        if (counts[s] != longest) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "truncated BPTT: sequence ", pp.key, " has streams of different lengths; every input of a "
-              "sequence must have the same number of samples"));
-        }
-      }
-    }
-    plan.num_samples += main_stream >= 0 ? counts[main_stream] : longest;
-  }
-  const DType native_value_type = precision == Precision::kFloat ? DType::kFloat32 : DType::kFloat64;
   uint64_t cursor = 0;
-  if (bptt) {
+  if (shape.steps > 0) {
     Place(&plan.mask, DType::kUInt8, {n, shape.steps}, &cursor);
     Place(&plan.flags, DType::kUInt8, {n, shape.steps}, &cursor);
   }
   for (size_t s = 0; s < streams.size(); ++s) {
     StreamLayout L;
-    L.name = streams[s].name;
-    L.format = streams[s].format;
-    L.dim = static_cast<uint32_t>(streams[s].dim);
-    L.sequence_axis = !shape.frame_mode;
-    if (!layouts.empty()) {
-      if (absl::Status st = CheckLayout(L.name, L.format, layouts[s]); !st.ok()) return st;
-      if (L.format == StreamFormat::kSparse && layouts[s] != OutputLayout::kCsc) L.layout = layouts[s];
-    }
-    DType value_type = native_value_type;
-    if (!value_dtypes.empty() && value_dtypes[s] != native_value_type) {
-      if (absl::Status st = CheckValueDType(L.name, L.format, precision, value_dtypes[s]); !st.ok()) return st;
-      value_type = value_dtypes[s];
-    }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const uint32_t c = plan.count(i, s);
-      L.max_length = std::max<uint64_t>(L.max_length, pieces[i].t0 + c);
-      L.num_samples += c;
-      if (L.format == StreamFormat::kSparse && c > 0) {
-        uint64_t b;
-        PieceSamples(pieces[i], s, &b);
-        const ParsedStream& ps = pieces[i].chunk->streams[s];
-        L.nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
-      }
-    }
-    if (shape.frame_mode) L.max_length = 1;
-    if (bptt) L.max_length = shape.steps;
-    const uint64_t T = L.max_length;
-    if (L.sequence_axis) Place(&L.lengths, DType::kInt32, {n}, &cursor);
-    const uint64_t cols = L.sequence_axis ? n * T : n;
-    const DType ptr_type = L.nnz > static_cast<uint64_t>(INT32_MAX) ? DType::kInt64 : DType::kInt32;
-    if (L.ids()) {
-      if (L.sequence_axis) Place(&L.values, DType::kInt32, {n, T}, &cursor);
-      else Place(&L.values, DType::kInt32, {n}, &cursor);
-    } else if (L.dense_values()) {
-      const unsigned __int128 want = static_cast<unsigned __int128>(cols) * L.dim * DTypeSize(value_type);
-      if (want > kMaxBatchBytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "stream '", L.name, "' as dense needs ", static_cast<uint64_t>(want >> 20), " MiB for ", cols,
-            " samples x dim ", L.dim, " (at most ", kMaxBatchBytes >> 20, " MiB); ask for CSC or CSR"));
-      }
-      if (L.sequence_axis) {
-        Place(&L.values, value_type, {n, T, L.dim}, &cursor);
-      } else {
-        Place(&L.values, value_type, {n, L.dim}, &cursor);
-      }
-    } else if (L.csr()) {
-      if (cols > static_cast<uint64_t>(INT32_MAX)) {
-        return absl::ResourceExhaustedError(absl::StrCat("stream '", L.name, "': ", cols, " columns do not fit CSR's int32 column indices"));
-      }
-      Place(&L.rowptr, ptr_type, {uint64_t{L.dim} + 1}, &cursor);
-      Place(&L.colind, DType::kInt32, {L.nnz}, &cursor);
-      Place(&L.values, value_type, {L.nnz}, &cursor);
-    } else {
-      Place(&L.colptr, ptr_type, {cols + 1}, &cursor);
-      Place(&L.rowind, DType::kInt32, {L.nnz}, &cursor);
-      Place(&L.values, value_type, {L.nnz}, &cursor);
-    }
+    absl::StatusOr<DType> value_type =
+        DescribeStream(streams[s], precision, shape, layouts.empty() ? nullptr : &layouts[s],
+                       value_dtypes.empty() ? nullptr : &value_dtypes[s], &L);
+    if (!value_type.ok()) return value_type.status();
+    MeasureStream(plan, pieces, s, &L);
+    if (absl::Status st = PlaceStreamArrays(n, *value_type, &L, &cursor); !st.ok()) return st;
     plan.streams.push_back(std::move(L));
   }
   plan.total_bytes = AlignUp(cursor);

@@ -16,6 +16,43 @@ uint64_t SaturatingMul(uint64_t a, uint64_t b) {
   return p > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(p);
 }
 
+// Whether a BPTT slot is still in a sequence.
+bool AnySlotActive(const std::vector<CursorState::Slot>& slots) {
+  bool active = false;
+  for (const auto& slot : slots) active = active || slot.active;
+  return active;
+}
+
+// BPTT: the next `take` steps of the sequence in `slot`, at `row` from step `t0`.
+Piece SlotPiece(const Index& index, uint32_t chunk, const CursorState::Slot& slot, uint32_t take, uint32_t row,
+                uint32_t t0) {
+  const uint32_t len = index.sequences[slot.sequence].num_samples;
+  Piece p;
+  p.sequence = slot.sequence;
+  p.chunk = chunk;
+  p.index_in_chunk = static_cast<uint32_t>(slot.sequence - index.chunks[p.chunk].first_sequence);
+  p.sample_begin = slot.offset;
+  p.sample_count = take;
+  p.row = row;
+  p.t0 = t0;
+  p.begins = slot.offset == 0;
+  p.ends = slot.offset + take == len;
+  return p;
+}
+
+// BPTT: moves the chunks of *deferred that no active slot still reads to *released; the rest
+// stay deferred. A chunk whose sequence is still in a slot stays needed until that sequence ends.
+void ReleaseUnheldChunks(const std::vector<CursorState::Slot>& slots, const std::vector<uint32_t>& chunk_of_sequence,
+                         std::vector<uint32_t>* deferred, std::vector<uint32_t>* released) {
+  std::vector<uint32_t> still;
+  for (uint32_t c : *deferred) {
+    bool held = false;
+    for (const auto& slot : slots) held = held || (slot.active && chunk_of_sequence[slot.sequence] == c);
+    (held ? still : *released).push_back(c);
+  }
+  deferred->swap(still);
+}
+
 }  // namespace
 
 bool CursorState::operator==(const CursorState& o) const {
@@ -169,9 +206,7 @@ std::optional<PlannedBatch> Planner::Next() {
     // epoch Position() / epochSize, and every epoch before it is empty too. Skip them at
     // once rather than one by one (2^32 empty epochs must cost nothing). Not while a BPTT
     // slot still drains a sequence: its steps belong to the epoch it started in.
-    bool draining = false;
-    for (const auto& slot : state_.slots) draining = draining || slot.active;
-    if (draining) continue;
+    if (AnySlotActive(state_.slots)) continue;
     if (Peek() == nullptr) break;
     const uint64_t next_epoch = Position() / epoch_size_;
     if (next_epoch > state_.epoch) {
@@ -308,19 +343,7 @@ std::optional<PlannedBatch> Planner::NextTruncated() {
       }
       const uint32_t len = index_->sequences[slot.sequence].num_samples;
       const uint32_t take = std::min<uint32_t>(T - t, len - slot.offset);
-      if (local) {
-        Piece p;
-        p.sequence = slot.sequence;
-        p.chunk = chunk_of_sequence_[slot.sequence];
-        p.index_in_chunk = static_cast<uint32_t>(slot.sequence - index_->chunks[p.chunk].first_sequence);
-        p.sample_begin = slot.offset;
-        p.sample_count = take;
-        p.row = row;
-        p.t0 = t;
-        p.begins = slot.offset == 0;
-        p.ends = slot.offset + take == len;
-        b.pieces.push_back(p);
-      }
+      if (local) b.pieces.push_back(SlotPiece(*index_, chunk_of_sequence_[slot.sequence], slot, take, row, t));
       any = true;
       t += take;
       slot.offset += take;
@@ -328,22 +351,14 @@ std::optional<PlannedBatch> Planner::NextTruncated() {
     }
   }
   b.rows = options_.rank < slots_ ? (slots_ - 1 - options_.rank) / options_.world + 1 : 0;
-  bool draining = false;
-  for (const auto& slot : state_.slots) draining = draining || slot.active;
+  const bool draining = AnySlotActive(state_.slots);
   const Unit* next = Peek();
   const bool no_more = next == nullptr || state_.sweep != sweep || Position() >= epoch_end;
   b.end_of_sweep = state_.sweep != sweep;
   b.end_of_epoch = no_more && !draining;
-  // A chunk whose sequence is still in a slot stays needed until that sequence ends.
   deferred_exhausted_.insert(deferred_exhausted_.end(), pending_exhausted_.begin(), pending_exhausted_.end());
   pending_exhausted_.clear();
-  std::vector<uint32_t> still;
-  for (uint32_t c : deferred_exhausted_) {
-    bool held = false;
-    for (const auto& slot : state_.slots) held = held || (slot.active && chunk_of_sequence_[slot.sequence] == c);
-    (held ? still : b.exhausted_chunks).push_back(c);
-  }
-  deferred_exhausted_.swap(still);
+  ReleaseUnheldChunks(state_.slots, chunk_of_sequence_, &deferred_exhausted_, &b.exhausted_chunks);
   Step(&b);
   if (!any) return std::nullopt;
   return b;

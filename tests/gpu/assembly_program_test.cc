@@ -16,8 +16,8 @@
 #include "common/formats/kaldi/kaldi_object.h"
 #include "gtest/gtest.h"
 #include "cuda/host_program.h"
-#include "tests/gpu/batch_cases.h"
-#include "tests/gpu/compressed_cases.h"
+#include "cuda/cases/batch_cases.h"
+#include "cuda/cases/compressed_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace conveyor::gpu {

@@ -12,10 +12,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "cuda/cases/batch_cases.h"
+#include "cuda/cases/compressed_cases.h"
 #include "cuda/cuda_assembler.h"
 #include "gtest/gtest.h"
-#include "tests/gpu/batch_cases.h"
-#include "tests/gpu/compressed_cases.h"
 #include "tests/gpu/device_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 

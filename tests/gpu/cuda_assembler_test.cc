@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cases/batch_cases.h"
 #include "cuda/cuda_assembler.h"
 #include "cuda/host_program.h"
 #include "cuda/slot_pool.h"
 #include "gtest/gtest.h"
-#include "tests/gpu/batch_cases.h"
 #include "tests/gpu/device_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/loader_cases.h"

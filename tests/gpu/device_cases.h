@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "common/batch/assembler.h"
+#include "cuda/cases/batch_cases.h"
 #include "cuda/slot_pool.h"
 #include "gtest/gtest.h"
-#include "tests/gpu/batch_cases.h"
 
 namespace conveyor::testing {
 

@@ -14,11 +14,11 @@
 
 #include "common/formats/kaldi/kaldi_object.h"
 #include "common/formats/kaldi/kaldi_table.h"
+#include "cuda/cases/batch_cases.h"
+#include "cuda/cases/compressed_cases.h"
 #include "cuda/cm_decode_plan.h"
 #include "cuda/host_program.h"
 #include "gtest/gtest.h"
-#include "tests/gpu/batch_cases.h"
-#include "tests/gpu/compressed_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/loader_cases.h"
 

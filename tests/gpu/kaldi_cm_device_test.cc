@@ -10,9 +10,9 @@
 
 #include "common/formats/kaldi/kaldi_object.h"
 #include "common/formats/kaldi/kaldi_table.h"
+#include "cuda/cases/compressed_cases.h"
 #include "cuda/kaldi_cm_device.h"
 #include "gtest/gtest.h"
-#include "tests/gpu/compressed_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace conveyor::gpu {

@@ -1,4 +1,4 @@
-#include "tests/gpu/batch_cases.h"
+#include "cuda/cases/batch_cases.h"
 
 #include <algorithm>
 #include <random>

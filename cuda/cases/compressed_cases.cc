@@ -1,4 +1,4 @@
-#include "tests/gpu/compressed_cases.h"
+#include "cuda/cases/compressed_cases.h"
 
 #include <algorithm>
 
