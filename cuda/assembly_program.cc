@@ -52,57 +52,87 @@ constexpr uint64_t kCm1Data = 2 + 3 + 16, kCm23Data = 2 + 4 + 16;
 
 namespace {
 
-// The program of a batch without narrowed values.
-absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
-  if (pieces.size() != plan.pieces.size() || plan.counts.size() != pieces.size() * plan.streams.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the batch plan has ", plan.pieces.size(), " pieces; ",
-                                                   pieces.size(), " were given"));
+// Builds the program of a batch without narrowed values, phase by phase: the host-computed
+// arrays (BPTT mask and flags, lengths, per-column nnz with their scans and CSR transposes),
+// then every stream's pieces packed into staging with the ops that place them, then the
+// staging layout.
+class ProgramBuilder {
+ public:
+  ProgramBuilder(const BatchPlan& plan, absl::Span<const PieceRef> pieces) : plan_(plan), pieces_(pieces) {
+    prog_.precision = plan.precision;
+    prog_.value_bytes = plan.precision == Precision::kFloat ? 4 : 8;
+    prog_.slot_bytes = plan.total_bytes;
+    vb_ = prog_.value_bytes;
+    rows_ = plan.shape.rows;
+    scan_of_.assign(plan.streams.size(), UINT64_MAX);
+    transpose_of_.assign(plan.streams.size(), UINT64_MAX);
   }
-  AssemblyProgram prog;
-  prog.precision = plan.precision;
-  prog.value_bytes = plan.precision == Precision::kFloat ? 4 : 8;
-  prog.slot_bytes = plan.total_bytes;
-  const uint64_t vb = prog.value_bytes;
-  const uint64_t rows = plan.shape.rows;
 
-  // Host-computed arrays: BPTT mask and flags, lengths, per-column nnz.
-  if (plan.mask.present()) {
-    const uint64_t T = plan.shape.steps;
-    std::vector<uint8_t> mask(rows * T, 0), flags(rows * T, 0);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const uint32_t c = plan.pieces[i].longest;
-      const uint64_t at = pieces[i].row * T + pieces[i].t0;
+  absl::StatusOr<AssemblyProgram> Build() {
+    if (pieces_.size() != plan_.pieces.size() || plan_.counts.size() != pieces_.size() * plan_.streams.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("the batch plan has ", plan_.pieces.size(), " pieces; ",
+                                                     pieces_.size(), " were given"));
+    }
+    if (plan_.mask.present()) {
+      absl::Status st = AddMaskAndFlags();
+      if (!st.ok()) return st;
+    }
+    for (size_t s = 0; s < plan_.streams.size(); ++s) {
+      absl::Status st = AddStreamArrays(s);
+      if (!st.ok()) return st;
+    }
+    // Chunk data, packed piece by piece after the host arrays.
+    cursor_ = prog_.host_arrays.size();
+    for (size_t s = 0; s < plan_.streams.size(); ++s) {
+      FlushRun();
+      for (size_t i = 0; i < pieces_.size(); ++i) AddPiece(s, i);
+    }
+    FlushRun();
+    LayOutStaging();
+    return std::move(prog_);
+  }
+
+ private:
+  // Host-computed arrays: the BPTT mask and begin/end flags.
+  absl::Status AddMaskAndFlags() {
+    const uint64_t T = plan_.shape.steps;
+    std::vector<uint8_t> mask(rows_ * T, 0), flags(rows_ * T, 0);
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const uint32_t c = plan_.pieces[i].longest;
+      const uint64_t at = pieces_[i].row * T + pieces_[i].t0;
       if (at + c > mask.size()) return absl::InvalidArgumentError("a BPTT piece lies outside the batch");
       std::memset(mask.data() + at, 1, c);
-      if (c > 0 && pieces[i].begins) flags[at] |= 1;
-      if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
+      if (c > 0 && pieces_[i].begins) flags[at] |= 1;
+      if (c > 0 && pieces_[i].ends) flags[at + c - 1] |= 2;
     }
-    AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, mask.data(), mask.size()), plan.mask.offset, mask.size());
-    AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, flags.data(), flags.size()), plan.flags.offset, flags.size());
+    AddCopy(&prog_.copies, AddHostArray(&prog_.host_arrays, mask.data(), mask.size()), plan_.mask.offset, mask.size());
+    AddCopy(&prog_.copies, AddHostArray(&prog_.host_arrays, flags.data(), flags.size()), plan_.flags.offset, flags.size());
+    return absl::OkStatus();
   }
-  // Per stream: its ScanOp, and for CSR streams its TransposeOp (else UINT64_MAX).
-  std::vector<uint64_t> scan_of(plan.streams.size(), UINT64_MAX), transpose_of(plan.streams.size(), UINT64_MAX);
-  for (size_t s = 0; s < plan.streams.size(); ++s) {
-    const StreamLayout& L = plan.streams[s];
+
+  // Stream s's lengths, and for a sparse stream delivered sparse its ScanOp (and, CSR, its
+  // TransposeOp).
+  absl::Status AddStreamArrays(size_t s) {
+    const StreamLayout& L = plan_.streams[s];
     const uint64_t T = L.sequence_axis ? L.max_length : 1;
     if (L.lengths.present()) {
-      std::vector<int32_t> lengths(rows, 0);
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
-        lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
+      std::vector<int32_t> lengths(rows_, 0);
+      for (size_t i = 0; i < pieces_.size(); ++i) {
+        const int32_t end = static_cast<int32_t>(pieces_[i].t0 + plan_.count(i, s));
+        lengths[pieces_[i].row] = std::max(lengths[pieces_[i].row], end);
       }
-      AddCopy(&prog.copies, AddHostArray(&prog.host_arrays, lengths.data(), rows * 4), L.lengths.offset, rows * 4);
+      AddCopy(&prog_.copies, AddHostArray(&prog_.host_arrays, lengths.data(), rows_ * 4), L.lengths.offset, rows_ * 4);
     }
-    if (L.format != StreamFormat::kSparse || L.dense_values()) continue;
+    if (L.format != StreamFormat::kSparse || L.dense_values()) return absl::OkStatus();
     if (L.csr() && L.nnz > static_cast<uint64_t>(INT32_MAX)) {
       return absl::ResourceExhaustedError(absl::StrCat("stream '", L.name, "': ", L.nnz,
                                                        " entries are too many for CSR on the device (int32 offsets)"));
     }
-    const uint64_t cols = L.columns(rows);
+    const uint64_t cols = L.columns(rows_);
     const bool wide = L.csc() && L.colptr.dtype == DType::kInt64;
     std::vector<int64_t> counts(cols + 1, 0);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const PieceRef& p = pieces[i];
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const PieceRef& p = pieces_[i];
       uint64_t b;
       const uint32_t c = PieceSamples(p, s, &b);
       const uint64_t first = p.row * T + p.t0;
@@ -114,102 +144,172 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
     scan.cols = cols;
     scan.wide = wide;
     if (wide) {
-      scan.counts = AddHostArray(&prog.host_arrays, counts.data(), (cols + 1) * 8);
+      scan.counts = AddHostArray(&prog_.host_arrays, counts.data(), (cols + 1) * 8);
     } else {
       std::vector<int32_t> narrow(counts.begin(), counts.end());
-      scan.counts = AddHostArray(&prog.host_arrays, narrow.data(), (cols + 1) * 4);
+      scan.counts = AddHostArray(&prog_.host_arrays, narrow.data(), (cols + 1) * 4);
     }
     if (L.csr()) {
-      TransposeOp tr;
-      tr.cols = cols;
-      tr.dim = L.dim;
-      tr.nnz = L.nnz;
-      tr.csc_colptr = Align(prog.scratch_bytes, kArrayAlignment);
-      tr.csc_rowind = Align(tr.csc_colptr + (cols + 1) * 4, kArrayAlignment);
-      tr.csc_values = Align(tr.csc_rowind + L.nnz * 4, kArrayAlignment);
-      // The stable radix sort's arrays (program_ops.h): as many 8-bit digits as rows need.
-      uint32_t bits = 0;
-      while (bits < 32 && (uint64_t{1} << bits) < L.dim) ++bits;
-      tr.passes = (bits + kRadixBits - 1) / kRadixBits;
-      tr.tiles = (L.nnz + kSortTile - 1) / kSortTile;
-      uint64_t at = tr.csc_values + L.nnz * vb;
-      auto take = [&](uint64_t bytes) {
-        const uint64_t offset = Align(at, kArrayAlignment);
-        at = offset + bytes;
-        return offset;
-      };
-      tr.col_of = take(L.nnz * 4);
-      for (int i = 0; i < 2; ++i) {
-        tr.keys[i] = take(L.nnz * 4);
-        tr.perm[i] = take(L.nnz * 4);
-      }
-      tr.hist = take(kRadixBuckets * tr.tiles * 4);
-      tr.offsets = take(kRadixBuckets * tr.tiles * 4);
-      prog.scratch_bytes = Align(at, kArrayAlignment);
-      tr.rowptr = L.rowptr.offset;
-      tr.colind = L.colind.offset;
-      tr.values = L.values.offset;
-      scan.colptr = tr.csc_colptr;
+      AddTranspose(s, cols);
+      scan.colptr = prog_.transposes.back().csc_colptr;
       scan.in_scratch = 1;
-      transpose_of[s] = prog.transposes.size();
-      prog.transposes.push_back(tr);
     } else {
       scan.colptr = L.colptr.offset;
     }
-    scan_of[s] = prog.scans.size();
-    prog.scans.push_back(scan);
+    scan_of_[s] = prog_.scans.size();
+    prog_.scans.push_back(scan);
+    return absl::OkStatus();
   }
 
-  // Chunk data, packed piece by piece after the host arrays.
-  uint64_t cursor = prog.host_arrays.size();
-  auto pack = [&](const void* src, uint64_t bytes) {
-    cursor = Align(cursor, 16);
-    const uint64_t at = cursor;
-    if (bytes > 0) prog.packs.push_back({src, at, bytes});
-    cursor += bytes;
-    return at;
-  };
-  auto pack_next = [&](const void* src, uint64_t bytes) {  // right after the previous pack
-    if (!prog.packs.empty() && static_cast<const char*>(prog.packs.back().src) + prog.packs.back().bytes == src &&
-        prog.packs.back().dst + prog.packs.back().bytes == cursor) {
-      prog.packs.back().bytes += bytes;  // contiguous in the source too: one pack
-    } else if (bytes > 0) {
-      prog.packs.push_back({src, cursor, bytes});
+  // A CSR stream's transpose: the CSC it is built from and the stable radix sort's arrays
+  // (program_ops.h), in scratch.
+  void AddTranspose(size_t s, uint64_t cols) {
+    const StreamLayout& L = plan_.streams[s];
+    TransposeOp tr;
+    tr.cols = cols;
+    tr.dim = L.dim;
+    tr.nnz = L.nnz;
+    tr.csc_colptr = Align(prog_.scratch_bytes, kArrayAlignment);
+    tr.csc_rowind = Align(tr.csc_colptr + (cols + 1) * 4, kArrayAlignment);
+    tr.csc_values = Align(tr.csc_rowind + L.nnz * 4, kArrayAlignment);
+    // As many 8-bit digits as rows need.
+    uint32_t bits = 0;
+    while (bits < 32 && (uint64_t{1} << bits) < L.dim) ++bits;
+    tr.passes = (bits + kRadixBits - 1) / kRadixBits;
+    tr.tiles = (L.nnz + kSortTile - 1) / kSortTile;
+    uint64_t at = tr.csc_values + L.nnz * vb_;
+    auto take = [&](uint64_t bytes) {
+      const uint64_t offset = Align(at, kArrayAlignment);
+      at = offset + bytes;
+      return offset;
+    };
+    tr.col_of = take(L.nnz * 4);
+    for (int i = 0; i < 2; ++i) {
+      tr.keys[i] = take(L.nnz * 4);
+      tr.perm[i] = take(L.nnz * 4);
     }
-    cursor += bytes;
-  };
-  uint64_t decoded_used = 0;  // bytes of the last host_decoded block in use
-  // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads.
-  auto pack_compressed = [&](const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    tr.hist = take(kRadixBuckets * tr.tiles * 4);
+    tr.offsets = take(kRadixBuckets * tr.tiles * 4);
+    prog_.scratch_bytes = Align(at, kArrayAlignment);
+    tr.rowptr = L.rowptr.offset;
+    tr.colind = L.colind.offset;
+    tr.values = L.values.offset;
+    transpose_of_[s] = prog_.transposes.size();
+    prog_.transposes.push_back(tr);
+  }
+
+  // Packs `bytes` from `src` into staging at the next 16-byte boundary; returns where.
+  uint64_t Pack(const void* src, uint64_t bytes) {
+    cursor_ = Align(cursor_, 16);
+    const uint64_t at = cursor_;
+    if (bytes > 0) prog_.packs.push_back({src, at, bytes});
+    cursor_ += bytes;
+    return at;
+  }
+  // Packs right after the previous pack.
+  void PackNext(const void* src, uint64_t bytes) {
+    if (!prog_.packs.empty() && static_cast<const char*>(prog_.packs.back().src) + prog_.packs.back().bytes == src &&
+        prog_.packs.back().dst + prog_.packs.back().bytes == cursor_) {
+      prog_.packs.back().bytes += bytes;  // contiguous in the source too: one pack
+    } else if (bytes > 0) {
+      prog_.packs.push_back({src, cursor_, bytes});
+    }
+    cursor_ += bytes;
+  }
+
+  // Piece i's samples of stream s: packed, with the op that places them.
+  void AddPiece(size_t s, size_t i) {
+    const StreamLayout& L = plan_.streams[s];
+    const uint64_t T = L.sequence_axis ? L.max_length : 1;
+    const PieceRef& p = pieces_[i];
+    const ParsedStream& ps = p.chunk->streams[s];
+    uint64_t b;
+    const uint32_t c = PieceSamples(p, s, &b);
+    if (c == 0) return;
+    const uint64_t col = p.row * T + p.t0;
+    if (L.ids()) {
+      AddCopy(&prog_.copies, Pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
+    } else if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
+      // Consecutive rows of one matrix landing consecutively (frames read in order, a
+      // sequence's BPTT pieces) become one decode op: one header block, longer column runs.
+      const CompressedDense& m = ps.compressed[p.slot];
+      const uint64_t r0 = b - ps.sequence_begin[p.slot], dst = L.values.offset + col * L.dim * vb_;
+      if (run_.rows > 0 && run_.matrix->object == m.object && run_.matrix->row0 == m.row0 && run_.r0 + run_.rows == r0 &&
+          run_.dst + run_.rows * L.dim * vb_ == dst) {
+        run_.rows += c;
+        return;
+      }
+      FlushRun();
+      run_ = {&m, r0, c, L.dim, dst};
+    } else if (L.format == StreamFormat::kDense) {
+      const uint64_t bytes = uint64_t{c} * L.dim * vb_;
+      AddCopy(&prog_.copies, Pack(ps.DenseSamples(p.slot, b, vb_), bytes), L.values.offset + col * L.dim * vb_, bytes);
+    } else {
+      AddSparsePiece(s, ps, b, c, col);
+    }
+  }
+
+  // Samples [b, b + c) of sparse stream s landing at column `col`: summed into dense rows
+  // (ScatterOps) or placed into the CSC (CscPieceOps).
+  void AddSparsePiece(size_t s, const ParsedStream& ps, uint64_t b, uint32_t c, uint64_t col) {
+    const StreamLayout& L = plan_.streams[s];
+    const uint64_t nb = ps.nnz_begin[b], nnz = ps.nnz_begin[b + c] - nb;
+    if (nnz == 0) return;
+    const uint64_t rowind = Pack(ps.indices.data() + nb, nnz * 4);
+    const uint64_t values = Pack(ValuesAt(ps, prog_.precision, nb), nnz * vb_);
+    if (L.dense_values()) {
+      for (uint32_t t = 0; t < c; ++t) {
+        const uint64_t k0 = ps.nnz_begin[b + t] - nb, n = ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t];
+        if (n == 0) continue;
+        // A long sample: row bands, one thread each (ScatterOp), sums still in file order.
+        uint64_t bands = std::min<uint64_t>((n + kScatterBandEntries - 1) / kScatterBandEntries, kMaxScatterBands);
+        bands = std::max<uint64_t>(1, std::min<uint64_t>(bands, L.dim));
+        for (uint64_t band = 0; band < bands; ++band) {
+          prog_.scatters.push_back({rowind + k0 * 4, values + k0 * vb_, n, L.values.offset + (col + t) * L.dim * vb_,
+                                    static_cast<uint32_t>(band), static_cast<uint32_t>(bands)});
+        }
+      }
+      return;
+    }
+    const ScanOp& scan = prog_.scans[scan_of_[s]];
+    CscPieceOp op;
+    op.src_rowind = rowind;
+    op.src_values = values;
+    op.nnz = nnz;
+    op.first_col = col;
+    op.colptr = scan.colptr;
+    op.wide = scan.wide;
+    op.in_scratch = scan.in_scratch;
+    if (scan.in_scratch) {
+      const TransposeOp& tr = prog_.transposes[transpose_of_[s]];
+      op.rowind = tr.csc_rowind;
+      op.values = tr.csc_values;
+    } else {
+      op.rowind = L.rowind.offset;
+      op.values = L.values.offset;
+    }
+    // At most kCscPieceEntries entries an op (one block each).
+    for (uint64_t skip = 0; skip < nnz; skip += kCscPieceEntries) {
+      CscPieceOp part = op;
+      part.src_rowind = rowind + skip * 4;
+      part.src_values = values + skip * vb_;
+      part.nnz = std::min(kCscPieceEntries, nnz - skip);
+      part.skip = skip;
+      prog_.csc_pieces.push_back(part);
+    }
+  }
+
+  void FlushRun() {
+    if (run_.rows > 0) PackCompressed(*run_.matrix, run_.r0, run_.rows, run_.cols, run_.dst);
+    run_.rows = 0;
+  }
+
+  // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads, or (a few
+  // rows of CM) the rows decoded here.
+  void PackCompressed(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
     const kaldi::ObjectInfo info = kaldi::CompressedObjectInfo(m.info);  // the codec's header: Kaldi's
     if (info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
-      // Decoded here, bit for bit as the CPU assembler does, and copied like dense values.
-      kaldi::Window w;
-      w.row0 = m.row0 + static_cast<int64_t>(r0);
-      w.rows = static_cast<int64_t>(n);
-      w.col0 = m.col0;
-      w.cols = static_cast<int64_t>(cols);
-      // Into blocks of 64 KiB that never move (packs point at them), back to back, so that
-      // frames decoded one after another also pack and copy as one.
-      const uint64_t bytes = n * cols * vb;
-      if (prog.host_decoded.empty() || decoded_used + bytes > prog.host_decoded.back().size()) {
-        prog.host_decoded.emplace_back(std::max<uint64_t>(bytes, uint64_t{64} << 10));
-        decoded_used = 0;
-      }
-      std::byte* rows_at = prog.host_decoded.back().data() + decoded_used;
-      decoded_used += bytes;
-      const std::string_view object(m.object, info.size);
-      if (vb == 4) kaldi::DecodeMatrix<float>(object, 0, info, w, reinterpret_cast<float*>(rows_at));
-      else kaldi::DecodeMatrix<double>(object, 0, info, w, reinterpret_cast<double*>(rows_at));
-      const bool follows = !prog.packs.empty() && static_cast<const std::byte*>(prog.packs.back().src) +
-                                                          prog.packs.back().bytes == rows_at;
-      uint64_t at = cursor;
-      if (follows) {
-        pack_next(rows_at, bytes);
-      } else {
-        at = pack(rows_at, bytes);
-      }
-      AddCopy(&prog.copies, at, dst, bytes);
+      DecodeOnHost(m, info, r0, n, cols, dst);
       return;
     }
     DecodeOp op;
@@ -223,15 +323,15 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
     const uint64_t row = static_cast<uint64_t>(m.row0) + r0, col0 = static_cast<uint64_t>(m.col0);
     if (info.type == kaldi::ObjectType::kCompressed1) {
       op.type = 1;
-      op.src = pack(m.object + kCm1Data + 8 * col0, 8 * cols);  // the columns' headers
+      op.src = Pack(m.object + kCm1Data + 8 * col0, 8 * cols);  // the columns' headers
       const char* data = m.object + kCm1Data + 8 * C;
-      for (uint64_t c = col0; c < col0 + cols; ++c) pack_next(data + c * R + row, n);
+      for (uint64_t c = col0; c < col0 + cols; ++c) PackNext(data + c * R + row, n);
     } else {
       const uint64_t width = info.type == kaldi::ObjectType::kCompressed2 ? 2 : 1;
       op.type = width == 2 ? 2 : 3;
       const char* data = m.object + kCm23Data;
-      op.src = pack(data + width * (row * C + col0), 0);
-      for (uint64_t r = row; r < row + n; ++r) pack_next(data + width * (r * C + col0), width * cols);
+      op.src = Pack(data + width * (row * C + col0), 0);
+      for (uint64_t r = row; r < row + n; ++r) PackNext(data + width * (r * C + col0), width * cols);
     }
     // At most kDecodeOpValues values an op (one block each): bands of rows. CM bands share
     // the staged column headers and columns; CM2/CM3 bands start at their own rows.
@@ -240,104 +340,72 @@ absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Spa
     for (uint64_t r = 0; r < n; r += band) {
       DecodeOp part = op;
       part.rows = static_cast<uint32_t>(std::min(band, n - r));
-      part.dst = dst + r * cols * vb;
+      part.dst = dst + r * cols * vb_;
       if (op.type == 1) part.row0 = static_cast<uint32_t>(r);
       else part.src = op.src + width * r * cols;
-      prog.decodes.push_back(part);
-    }
-  };
-  struct CompressedRun {  // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
-    const CompressedDense* matrix = nullptr;
-    uint64_t r0 = 0, rows = 0, cols = 0, dst = 0;
-  } run;
-  auto flush_run = [&] {
-    if (run.rows > 0) pack_compressed(*run.matrix, run.r0, run.rows, run.cols, run.dst);
-    run.rows = 0;
-  };
-  for (size_t s = 0; s < plan.streams.size(); ++s) {
-    const StreamLayout& L = plan.streams[s];
-    const uint64_t T = L.sequence_axis ? L.max_length : 1;
-    flush_run();
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const PieceRef& p = pieces[i];
-      const ParsedStream& ps = p.chunk->streams[s];
-      uint64_t b;
-      const uint32_t c = PieceSamples(p, s, &b);
-      if (c == 0) continue;
-      const uint64_t col = p.row * T + p.t0;
-      if (L.ids()) {
-        AddCopy(&prog.copies, pack(ps.indices.data() + b, c * 4ull), L.values.offset + col * 4, c * 4ull);
-      } else if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
-        // Consecutive rows of one matrix landing consecutively (frames read in order, a
-        // sequence's BPTT pieces) become one decode op: one header block, longer column runs.
-        const CompressedDense& m = ps.compressed[p.slot];
-        const uint64_t r0 = b - ps.sequence_begin[p.slot], dst = L.values.offset + col * L.dim * vb;
-        if (run.rows > 0 && run.matrix->object == m.object && run.matrix->row0 == m.row0 && run.r0 + run.rows == r0 &&
-            run.dst + run.rows * L.dim * vb == dst) {
-          run.rows += c;
-          continue;
-        }
-        flush_run();
-        run = {&m, r0, c, L.dim, dst};
-      } else if (L.format == StreamFormat::kDense) {
-        const uint64_t bytes = uint64_t{c} * L.dim * vb;
-        AddCopy(&prog.copies, pack(ps.DenseSamples(p.slot, b, vb), bytes), L.values.offset + col * L.dim * vb, bytes);
-      } else {
-        const uint64_t nb = ps.nnz_begin[b], nnz = ps.nnz_begin[b + c] - nb;
-        if (nnz == 0) continue;
-        const uint64_t rowind = pack(ps.indices.data() + nb, nnz * 4);
-        const uint64_t values = pack(ValuesAt(ps, prog.precision, nb), nnz * vb);
-        if (L.dense_values()) {
-          for (uint32_t t = 0; t < c; ++t) {
-            const uint64_t k0 = ps.nnz_begin[b + t] - nb, n = ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t];
-            if (n == 0) continue;
-            // A long sample: row bands, one thread each (ScatterOp), sums still in file order.
-            uint64_t bands = std::min<uint64_t>((n + kScatterBandEntries - 1) / kScatterBandEntries, kMaxScatterBands);
-            bands = std::max<uint64_t>(1, std::min<uint64_t>(bands, L.dim));
-            for (uint64_t band = 0; band < bands; ++band) {
-              prog.scatters.push_back({rowind + k0 * 4, values + k0 * vb, n, L.values.offset + (col + t) * L.dim * vb,
-                                       static_cast<uint32_t>(band), static_cast<uint32_t>(bands)});
-            }
-          }
-          continue;
-        }
-        const ScanOp& scan = prog.scans[scan_of[s]];
-        CscPieceOp op;
-        op.src_rowind = rowind;
-        op.src_values = values;
-        op.nnz = nnz;
-        op.first_col = col;
-        op.colptr = scan.colptr;
-        op.wide = scan.wide;
-        op.in_scratch = scan.in_scratch;
-        if (scan.in_scratch) {
-          const TransposeOp& tr = prog.transposes[transpose_of[s]];
-          op.rowind = tr.csc_rowind;
-          op.values = tr.csc_values;
-        } else {
-          op.rowind = L.rowind.offset;
-          op.values = L.values.offset;
-        }
-        // At most kCscPieceEntries entries an op (one block each).
-        for (uint64_t skip = 0; skip < nnz; skip += kCscPieceEntries) {
-          CscPieceOp part = op;
-          part.src_rowind = rowind + skip * 4;
-          part.src_values = values + skip * vb;
-          part.nnz = std::min(kCscPieceEntries, nnz - skip);
-          part.skip = skip;
-          prog.csc_pieces.push_back(part);
-        }
-      }
+      prog_.decodes.push_back(part);
     }
   }
-  flush_run();
-  prog.payload_bytes = Align(cursor, 16);
-  prog.copies_at = prog.payload_bytes;
-  prog.csc_pieces_at = Align(prog.copies_at + prog.copies.size() * sizeof(CopyItem), 16);
-  prog.scatters_at = Align(prog.csc_pieces_at + prog.csc_pieces.size() * sizeof(CscPieceOp), 16);
-  prog.decodes_at = Align(prog.scatters_at + prog.scatters.size() * sizeof(ScatterOp), 16);
-  prog.staging_bytes = Align(prog.decodes_at + prog.decodes.size() * sizeof(DecodeOp), 16);
-  return prog;
+
+  // A few rows of CM decoded here, bit for bit as the CPU assembler does, and copied like
+  // dense values.
+  void DecodeOnHost(const CompressedDense& m, const kaldi::ObjectInfo& info, uint64_t r0, uint64_t n, uint64_t cols,
+                    uint64_t dst) {
+    kaldi::Window w;
+    w.row0 = m.row0 + static_cast<int64_t>(r0);
+    w.rows = static_cast<int64_t>(n);
+    w.col0 = m.col0;
+    w.cols = static_cast<int64_t>(cols);
+    // Into blocks of 64 KiB that never move (packs point at them), back to back, so that
+    // frames decoded one after another also pack and copy as one.
+    const uint64_t bytes = n * cols * vb_;
+    if (prog_.host_decoded.empty() || decoded_used_ + bytes > prog_.host_decoded.back().size()) {
+      prog_.host_decoded.emplace_back(std::max<uint64_t>(bytes, uint64_t{64} << 10));
+      decoded_used_ = 0;
+    }
+    std::byte* rows_at = prog_.host_decoded.back().data() + decoded_used_;
+    decoded_used_ += bytes;
+    const std::string_view object(m.object, info.size);
+    if (vb_ == 4) kaldi::DecodeMatrix<float>(object, 0, info, w, reinterpret_cast<float*>(rows_at));
+    else kaldi::DecodeMatrix<double>(object, 0, info, w, reinterpret_cast<double*>(rows_at));
+    const bool follows = !prog_.packs.empty() && static_cast<const std::byte*>(prog_.packs.back().src) +
+                                                         prog_.packs.back().bytes == rows_at;
+    uint64_t at = cursor_;
+    if (follows) {
+      PackNext(rows_at, bytes);
+    } else {
+      at = Pack(rows_at, bytes);
+    }
+    AddCopy(&prog_.copies, at, dst, bytes);
+  }
+
+  // Staging: the payload, then the op arrays, each 16-byte aligned.
+  void LayOutStaging() {
+    prog_.payload_bytes = Align(cursor_, 16);
+    prog_.copies_at = prog_.payload_bytes;
+    prog_.csc_pieces_at = Align(prog_.copies_at + prog_.copies.size() * sizeof(CopyItem), 16);
+    prog_.scatters_at = Align(prog_.csc_pieces_at + prog_.csc_pieces.size() * sizeof(CscPieceOp), 16);
+    prog_.decodes_at = Align(prog_.scatters_at + prog_.scatters.size() * sizeof(ScatterOp), 16);
+    prog_.staging_bytes = Align(prog_.decodes_at + prog_.decodes.size() * sizeof(DecodeOp), 16);
+  }
+
+  const BatchPlan& plan_;
+  const absl::Span<const PieceRef> pieces_;
+  AssemblyProgram prog_;
+  uint64_t vb_ = 4, rows_ = 0;
+  // Per stream: its ScanOp, and for CSR streams its TransposeOp (else UINT64_MAX).
+  std::vector<uint64_t> scan_of_, transpose_of_;
+  uint64_t cursor_ = 0;        // the next free byte of staging
+  uint64_t decoded_used_ = 0;  // bytes of the last host_decoded block in use
+  struct CompressedRun {       // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
+    const CompressedDense* matrix = nullptr;
+    uint64_t r0 = 0, rows = 0, cols = 0, dst = 0;
+  } run_;
+};
+
+// The program of a batch without narrowed values.
+absl::StatusOr<AssemblyProgram> BuildProgramFor(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  return ProgramBuilder(plan, pieces).Build();
 }
 
 }  // namespace

@@ -181,6 +181,7 @@ def main():
                 # are not promised, their set is.
                 # (So is the count of errors skipped: a chunk parsed again counts its errors again.)
                 err = re.sub(rb"conveyor: \d+ input errors skipped", b"conveyor: N input errors skipped", err)
+                err = re.sub(rb"and \d+ more '", b"and N more '", err)
                 f.write(b"\n".join(sorted(set(err.split(b"\n")))))
                 f.write(f"\n--- exit {p.returncode}\n".encode())
             total += 1
