@@ -1,5 +1,5 @@
 // conveyor convert IN OUT.cbf --config CONFIG: writes a dataset as a CNTK binary file (what
-// CNTK's ctf2bin.py does; see common/formats/cbf/cbf_writer.h for where it differs).
+// CNTK's ctf2bin.py does; see common/convert/cbf_writer.h for where it differs).
 #include <chrono>
 #include <cstdio>
 
