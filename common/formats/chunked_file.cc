@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <thread>
+#include <utility>
 
 #include "common/status_macros.h"
 
@@ -64,13 +65,32 @@ void ChunkedFileDeserializer::DoneWithChunk(uint64_t chunk_id) const {
 
 absl::Status ChunkedFileDeserializer::FinishOpen(const DeserializerContext& context) {
   if (!context.member) return absl::OkStatus();
-  cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return ParseChunk(c); },
+  cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return CountedParse(c); },
                                         [this](uint64_t c) { DoneWithChunk(c); });
   return Scan(context);
 }
 
-// Every chunk parsed once (on all cores, then dropped): the sequences it delivers, their
-// keys and per-stream counts, in file order.
+absl::StatusOr<std::unique_ptr<ParsedChunk>> ChunkedFileDeserializer::CountedParse(
+    uint64_t c) const {
+  chunks_parsed_.fetch_add(1);
+  return ParseChunk(c);
+}
+
+absl::Status ChunkedFileDeserializer::ListChunk(uint64_t c, ChunkSequences* out) const {
+  ASSIGN_OR_RETURN(std::unique_ptr<ParsedChunk> chunk, CountedParse(c));
+  out->samples.clear();
+  for (size_t slot = 0; slot < chunk->keys.size(); ++slot) {
+    for (const ParsedStream& ps : chunk->streams) {
+      out->samples.push_back(static_cast<uint32_t>(ps.num_samples(slot)));
+    }
+  }
+  out->slot_of = std::move(chunk->slot_of);  // the chunk is dropped right after
+  out->keys = std::move(chunk->keys);
+  return absl::OkStatus();
+}
+
+// Every chunk listed once (on all cores; its pages dropped after): the sequences it
+// delivers, their keys and per-stream counts, in file order.
 absl::Status ChunkedFileDeserializer::Scan(const DeserializerContext& context) {
   const Index& index = index_;
   const size_t ns = streams_.size();
@@ -88,23 +108,22 @@ absl::Status ChunkedFileDeserializer::Scan(const DeserializerContext& context) {
   auto work = [&] {
     for (uint64_t c = next++; c < n; c = next++) {
       Found& f = found[c];
-      auto chunk = ParseChunk(c);
-      if (!chunk.ok()) {
-        f.status = chunk.status();
-        continue;
-      }
+      ChunkSequences listed;
+      f.status = ListChunk(c, &listed);
+      if (!f.status.ok()) continue;
       const ChunkEntry& ce = index.chunks[c];
       const uint64_t per_sequence = ce.num_sequences ? (ce.end_offset - ce.begin_offset) / ce.num_sequences : 0;
       for (uint64_t j = 0; j < ce.num_sequences; ++j) {
-        const int32_t slot = (*chunk)->slot_of[j];
+        const int32_t slot = listed.slot_of[j];
         if (slot < 0) {
           ++f.skipped;
           continue;
         }
         const SequenceEntry& se = index.sequences[ce.first_sequence + j];
         f.entries.push_back(Entry{static_cast<uint32_t>(c), static_cast<uint32_t>(slot), se.size ? se.size : per_sequence});
-        f.keys.push_back(std::to_string((*chunk)->keys[slot]));
-        for (size_t k = 0; k < ns; ++k) f.samples.push_back(static_cast<uint32_t>((*chunk)->streams[k].num_samples(slot)));
+        f.keys.push_back(std::to_string(listed.keys[slot]));
+        f.samples.insert(f.samples.end(), listed.samples.begin() + static_cast<size_t>(slot) * ns,
+                         listed.samples.begin() + static_cast<size_t>(slot + 1) * ns);
       }
       DoneWithChunk(c);
       const uint64_t done = bytes_done += ce.end_offset - ce.begin_offset;

@@ -2,16 +2,21 @@
 // byte-identical to CNTK's own test data): each decodes to exactly what the CTF reader gives
 // for the text it was converted from (CBF keeps no order among a sample's sparse entries and
 // keys sequences by index: compared without keys, entries sorted). And every truncation and
-// every corrupted byte of a real file is an error naming the file, never a crash.
+// every corrupted byte of a real file is an error naming the file, never a crash. As a
+// member of a composite, a file of either layout is listed from the counts it states, with
+// no chunk parsed, exactly as parsing gives it (CbfMember).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
-#include "common/formats/cbf/cbf_reader.h"
 #include "common/convert/cbf_writer.h"
+#include "common/formats/cbf/cbf_reader.h"
+#include "common/formats/chunked_file.h"
+#include "common/formats/registry.h"
 #include "common/mapped_file.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -435,6 +440,209 @@ TEST(CbfDocumented, CorruptFilesAreErrorsNamingFileChunkAndByte) {
   not_seq[8 + 8 + 4 + 17 + 17] = 0;  // y: isSequence 0, but sequence 0 has entries in sample 2
   st = open(not_seq);
   EXPECT_NE(st.message().find("input 'y': row code 11 is outside [0, 5)"), std::string::npos) << st;
+}
+
+// ---- A CBF file as a member of a composite: its sequences listed at open from the counts the
+// file states (CountCbfChunk), not by parsing its chunks.
+
+// The precision of the CBF file at `path` (its first stream's).
+Precision FilePrecision(const std::string& path) {
+  auto mapped = MappedFile::Open(path);
+  EXPECT_TRUE(mapped.ok()) << mapped.status();
+  if (!mapped.ok()) return Precision::kFloat;
+  auto file = ReadCbfFile((*mapped)->bytes(), path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  return file.ok() ? file->streams[0].precision : Precision::kFloat;
+}
+
+// The file of `config` (one CNTKBinary deserializer) opened as a member: it must list exactly
+// the sequences, keys, per-stream samples and bytes that parsing each chunk gives, having
+// parsed none. `dropped`: how many sequences the parse drops, where the test knows.
+void ExpectMemberListsAsTheParse(const DatasetConfig& config,
+                                 std::optional<size_t> dropped = std::nullopt) {
+  auto alone = Dataset::Open(config);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  DatasetOpenOptions options;
+  DeserializerContext context{config.deserializers[0], config, "", nullptr, nullptr, {}, options,
+                              /*member=*/true};
+  auto opened = DeserializerRegistry::Global().Open(context);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const auto* member = dynamic_cast<const ChunkedFileDeserializer*>(opened->get());
+  ASSERT_NE(member, nullptr);
+  EXPECT_EQ(member->chunks_parsed(), 0u);
+  const Index& index = (*alone)->index();
+  size_t i = 0, skipped = 0;
+  for (uint64_t c = 0; c < index.chunks.size(); ++c) {
+    auto chunk = (*alone)->ParseChunk(c);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const ChunkEntry& ce = index.chunks[c];
+    for (uint32_t j = 0; j < ce.num_sequences; ++j) {
+      const int32_t slot = (*chunk)->slot_of[j];
+      if (slot < 0) {
+        ++skipped;
+        continue;
+      }
+      ASSERT_LT(i, member->size());
+      EXPECT_EQ(member->key(i), std::to_string((*chunk)->keys[slot])) << i;
+      for (size_t k = 0; k < (*chunk)->streams.size(); ++k) {
+        EXPECT_EQ(member->samples(i, k), (*chunk)->streams[k].num_samples(slot)) << i << " " << k;
+      }
+      EXPECT_EQ(member->bytes(i), (ce.end_offset - ce.begin_offset) / ce.num_sequences) << i;
+      EXPECT_EQ(member->ParseUnit(i), static_cast<int64_t>(c));
+      ++i;
+    }
+  }
+  EXPECT_EQ(member->size(), i);
+  EXPECT_EQ(member->skipped(), skipped);
+  if (dropped) {
+    EXPECT_EQ(skipped, *dropped);
+  }
+  EXPECT_EQ(member->chunks_parsed(), 0u);
+}
+
+// The file joined with itself (its stream `stream` again as `dup`) dumps as the file read
+// alone in file order, `dup` a copy of `stream` in every line.
+void ExpectSelfJoinDumpsAsTheFile(const std::string& path, const std::string& stream) {
+  TempDir dir;
+  const Precision precision = FilePrecision(path);
+  const std::string yaml = absl::StrCat(
+      "datasets:\n  d:\n    randomize: false\n    precision: ",
+      precision == Precision::kFloat ? "float" : "double", "\n    deserializers:\n",
+      "      - type: CNTKBinary\n        file: ", path, "\n",
+      "      - type: CNTKBinary\n        file: ", path, "\n",
+      "        input: {dup: {alias: ", stream, "}}\n");
+  auto config = LoadConfigFile(dir.Write("c.yaml", yaml));
+  ASSERT_TRUE(config.ok()) << config.status();
+  ReadOptions ro;
+  ro.minibatch_size = 64;
+  auto joined = DumpDataset(config->datasets[0], ro);
+  auto alone = DumpDataset(CbfDataset(path, precision), ro);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  // Each line of the join: the file's line with ,"dup":X before its closing "}}".
+  std::string stripped;
+  size_t lines = 0;
+  for (size_t pos = 0; pos < joined->size(); ++lines) {
+    const size_t end = joined->find('\n', pos);
+    const std::string line = joined->substr(pos, end - pos);
+    pos = end + 1;
+    const size_t at = line.find(",\"dup\":");
+    ASSERT_NE(at, std::string::npos) << line;
+    const std::string dup = line.substr(at + 7, line.size() - 2 - (at + 7));
+    EXPECT_NE(line.find(absl::StrCat("\"", stream, "\":", dup)), std::string::npos) << line;
+    stripped += line.substr(0, at) + "}}\n";
+  }
+  EXPECT_GT(lines, 1u);
+  EXPECT_EQ(stripped, *alone);
+}
+
+TEST(CbfMember, CtfToBinFilesAreListedWithoutParsing) {
+  for (const char* sub : {"CNTKBinaryReader/Data/", "CNTKBinaryReader/ctf2bin/"}) {
+    for (const char* name :
+         {"10x10_dense", "10x10_sparse", "50x20_jagged_sequences_dense",
+          "50x20_jagged_sequences_sparse", "Simple_dense", "Simple_jagged_sequence"}) {
+      const std::string path = absl::StrCat(TestdataDir(), "/cntk/", sub, name, ".bin");
+      if (!MappedFile::Open(path).ok()) continue;  // ctf2bin/ holds some of them
+      SCOPED_TRACE(path);
+      ExpectMemberListsAsTheParse(CbfDataset(path, FilePrecision(path)));
+      auto ds = Dataset::Open(CbfDataset(path, FilePrecision(path)));
+      ASSERT_TRUE(ds.ok()) << ds.status();
+      ExpectSelfJoinDumpsAsTheFile(path, (*ds)->streams()[0].name);
+    }
+  }
+}
+
+// A sequence with no sample in the delivered streams is not delivered: the listing drops
+// the same ones as the parse.
+TEST(CbfMember, SequencesWithoutSamplesAreDroppedAsTheParseDrops) {
+  TempDir dir;
+  const std::string text =
+      dir.Write("t.ctf", "0 |x 1 2 |y 1:1\n1 |y 2:1\n1 |y 3:1\n2 |x 5 6\n3 |y 0:1\n");
+  auto ds = Dataset::Open(CtfDataset(
+      text, "{x: {dim: 2, format: dense}, y: {dim: 5, format: sparse}}", "randomize: false"));
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const std::string path = dir.path() + "/t.cbf";
+  ASSERT_TRUE(WriteCbf(**ds, path, {}).ok());
+  // Sequences 1 and 3 have y only, 2 has x only.
+  ExpectMemberListsAsTheParse(CbfDataset(path, Precision::kFloat, "{x: {}}"), 2);
+  ExpectMemberListsAsTheParse(CbfDataset(path, Precision::kFloat, "{y: {}}"), 1);
+  ExpectMemberListsAsTheParse(CbfDataset(path, Precision::kFloat), 0);
+}
+
+TEST(CbfMember, DocumentedLayoutFilesAreListedWithoutParsing) {
+  TempDir dir;
+  ExpectMemberListsAsTheParse(
+      CbfDataset(dir.Write("hand.bin", HandWrittenDocumented()), Precision::kFloat));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"MNIST_dense",
+       "{labels: {alias: L, dim: 10, format: dense},"
+       " features: {alias: F, dim: 784, format: dense}}"},
+      {"50x20_jagged_sequences_sparse", "{features: {alias: F0, dim: 100, format: sparse}}"}};
+  for (const auto& [name, input] : cases) {
+    SCOPED_TRACE(name);
+    auto ds = Dataset::Open(CtfDataset(TextDir() + name + ".txt", input, "randomize: false"));
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const std::string path = dir.Write(name + ".bin", WriteDocumented(**ds));
+    ExpectMemberListsAsTheParse(CbfDataset(path, Precision::kFloat));
+    ExpectSelfJoinDumpsAsTheFile(path, (*ds)->streams()[0].name);
+  }
+}
+
+// A chunk the decoder rejects fails the member's open with the decoder's own message (the
+// one reading the file alone gives), naming the file and chunk; a chunk it accepts opens.
+TEST(CbfMember, ACorruptChunkFailsTheOpenAsTheDecoderWould) {
+  TempDir dir;
+  auto bytes = MappedFile::Open(BinDir() + "10x10_sparse.bin");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string good((*bytes)->bytes());
+  auto file = ReadCbfFile(good, "s.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  DatasetOpenOptions options;
+  options.index_threads = 1;  // thousands of opens of a one-chunk file
+  int failed = 0;
+  for (size_t i = file->chunks[0].offset; i < file->header_offset; ++i) {  // the chunks' bytes
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x40);
+    const std::string path = dir.Write("s.bin", bad);
+    const DatasetConfig alone = CbfDataset(path, Precision::kDouble);
+    auto ds = Dataset::Open(alone, options);
+    if (!ds.ok()) continue;  // the sequence lengths: the file fails alone too
+    std::string first_error;
+    for (uint64_t c = 0; c < (*ds)->index().chunks.size() && first_error.empty(); ++c) {
+      auto chunk = (*ds)->ParseChunk(c);
+      if (!chunk.ok()) first_error = std::string(chunk.status().message());
+    }
+    DeserializerContext context{alone.deserializers[0], alone, "", nullptr, nullptr, {}, options,
+                                /*member=*/true};
+    auto member = DeserializerRegistry::Global().Open(context);
+    if (first_error.empty()) {
+      EXPECT_TRUE(member.ok()) << "byte " << i << ": " << member.status();
+      continue;
+    }
+    ++failed;
+    ASSERT_FALSE(member.ok()) << "byte " << i;
+    EXPECT_EQ(member.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(member.status().message(), first_error) << "byte " << i;
+    EXPECT_NE(first_error.find(path + ": chunk "), std::string::npos) << first_error;
+  }
+  EXPECT_GT(failed, 100);
+  // And through a composite: the open fails, naming the member's file and chunk.
+  std::string bad = good;
+  const uint32_t too_many = 1000;
+  std::memcpy(&bad[12 + 4 * 10], &too_many, 4);  // chunk 0's first sequence's sample count
+  const std::string path = dir.Write("s.bin", bad);
+  const std::string yaml = absl::StrCat(
+      "datasets:\n  d:\n    precision: double\n    deserializers:\n",
+      "      - type: CNTKBinary\n        file: ", BinDir(), "50x20_jagged_sequences_dense.bin\n",
+      "      - type: CNTKBinary\n        file: ", path, "\n",
+      "        input: {s: {alias: features}}\n");
+  auto config = LoadConfigFile(dir.Write("c.yaml", yaml));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(config->datasets[0]);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(ds.status().message().find(path + ": chunk 0, byte "), std::string::npos)
+      << ds.status();
 }
 
 }  // namespace

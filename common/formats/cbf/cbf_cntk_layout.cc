@@ -10,11 +10,15 @@
 namespace conveyor::cbf {
 namespace {
 
+// Walks chunk `chunk_id` and checks all of it: `lengths` and `counts` (per delivered stream,
+// per sequence) always, the streams' columns into `out` where it is given. Without `out` no
+// value is read (a sparse sequence's indices and per-sample counts still are, to check them),
+// and the walk fails exactly where and as the decode does: one loop serves both.
 template <typename T>
-absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
-                         const std::vector<int>& source, const std::string& path, ParsedChunk* out) {
+absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
+                       const std::vector<int>& source, const std::string& path, ParsedChunk* out,
+                       std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
   const CbfChunkInfo& chunk = file.chunks[chunk_id];
-  const ChunkEntry& ce = index.chunks[chunk_id];
   Reader r(bytes, chunk.offset, chunk.end);
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": chunk ", chunk_id, ", byte ", r.pos(), ": ", what));
@@ -22,13 +26,14 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
   const uint32_t n_seq = chunk.num_sequences;
   const char* lengths_raw = nullptr;
   if (!r.Take(n_seq, 4, &lengths_raw)) return bad("the sequence lengths run past the chunk");
-  std::vector<uint32_t> lengths(n_seq);
+  std::vector<uint32_t>& lengths = *lengths_out;
+  lengths.resize(n_seq);
   if (n_seq) std::memcpy(lengths.data(), lengths_raw, 4 * uint64_t{n_seq});
   // Which output stream each file stream feeds (-1: skipped).
   std::vector<int> target(file.streams.size(), -1);
   for (size_t i = 0; i < source.size(); ++i) target[source[i]] = static_cast<int>(i);
-  out->streams.resize(source.size());
-  for (size_t i = 0; i < source.size(); ++i) {
+  if (out != nullptr) out->streams.resize(source.size());
+  for (size_t i = 0; out != nullptr && i < source.size(); ++i) {
     ParsedStream& ps = out->streams[i];
     ps.format = file.streams[source[i]].format;
     ps.dim = file.streams[source[i]].dim;
@@ -36,10 +41,11 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
     if (ps.format == StreamFormat::kDense) ps.in_place.reserve(n_seq);
   }
   // Samples per (stream, sequence), to drop sequences with none at all.
-  std::vector<uint32_t> counts(source.size() * n_seq, 0);
+  std::vector<uint32_t>& counts = *counts_out;
+  counts.assign(source.size() * n_seq, 0);
   for (size_t s = 0; s < file.streams.size(); ++s) {
     const CbfStreamInfo& info = file.streams[s];
-    ParsedStream* ps = target[s] >= 0 ? &out->streams[target[s]] : nullptr;
+    ParsedStream* ps = target[s] >= 0 && out != nullptr ? &out->streams[target[s]] : nullptr;
     if (ps != nullptr && info.format == StreamFormat::kSparse) {
       // Size the columns once: a quick walk of this stream's sequences (the decode below
       // checks everything and reports any damage; the walk just stops at it).
@@ -112,13 +118,20 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
           }
         }
       }
-      if (ps != nullptr) {
-        ps->sequence_begin.push_back(ps->sequence_begin.back() + n);
-        counts[static_cast<size_t>(target[s]) * n_seq + j] = n;
-      }
+      if (ps != nullptr) ps->sequence_begin.push_back(ps->sequence_begin.back() + n);
+      if (target[s] >= 0) counts[static_cast<size_t>(target[s]) * n_seq + j] = n;
     }
   }
-  FinishChunk(counts, lengths, index, ce, out);
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+                         uint64_t chunk_id, const std::vector<int>& source, const std::string& path,
+                         ParsedChunk* out) {
+  std::vector<uint32_t> counts, lengths;
+  RETURN_IF_ERROR(WalkChunk<T>(bytes, file, chunk_id, source, path, out, &counts, &lengths));
+  FinishChunk(counts, lengths, index, index.chunks[chunk_id], out);
   return absl::OkStatus();
 }
 
@@ -196,6 +209,15 @@ absl::Status DecodeCntkLayoutChunk(std::string_view bytes, const CbfFile& file, 
                                    ParsedChunk* out) {
   return precision == Precision::kFloat ? DecodeChunk<float>(bytes, file, index, chunk_id, source, path, out)
                                         : DecodeChunk<double>(bytes, file, index, chunk_id, source, path, out);
+}
+
+absl::Status CountCntkLayoutChunk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
+                                  const std::vector<int>& source, Precision precision,
+                                  const std::string& path, std::vector<uint32_t>* counts) {
+  std::vector<uint32_t> lengths;
+  return precision == Precision::kFloat
+             ? WalkChunk<float>(bytes, file, chunk_id, source, path, nullptr, counts, &lengths)
+             : WalkChunk<double>(bytes, file, chunk_id, source, path, nullptr, counts, &lengths);
 }
 
 }  // namespace conveyor::cbf

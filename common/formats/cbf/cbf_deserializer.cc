@@ -1,5 +1,7 @@
 #include "common/formats/cbf/cbf_deserializer.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/chunked_file.h"
@@ -17,6 +19,22 @@ class CbfDeserializer final : public ChunkedFileDeserializer {
 
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
     return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, precision_, path_);
+  }
+
+ protected:
+  // A member's open reads the counts the file states instead of parsing (chunked_file.h).
+  absl::Status ListChunk(uint64_t c, ChunkSequences* out) const override {
+    CbfChunkCounts counts;
+    RETURN_IF_ERROR(
+        CountCbfChunk(file_->bytes(), *cbf_, index_, c, cbf_source_, precision_, path_, &counts));
+    const ChunkEntry& ce = index_.chunks[c];
+    out->keys.clear();
+    for (uint32_t j = 0; j < ce.num_sequences; ++j) {
+      if (counts.slot_of[j] >= 0) out->keys.push_back(index_.sequences[ce.first_sequence + j].key);
+    }
+    out->slot_of = std::move(counts.slot_of);
+    out->samples = std::move(counts.samples);
+    return absl::OkStatus();
   }
 
  private:

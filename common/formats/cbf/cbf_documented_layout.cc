@@ -1,6 +1,7 @@
 // cbf_documented_layout.cc: layout 2 of cbf_reader.h, the one CNTK's documentation
 // describes (version first, header, offsets table, data). Its chunks store no lengths: every
-// chunk is walked whole when indexed, and again when decoded.
+// chunk is walked whole when indexed, and again when decoded (or listed as a composite's
+// member).
 #include <algorithm>
 #include <cstring>
 
@@ -253,6 +254,21 @@ absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, const CbfFile& 
   return precision == Precision::kFloat
              ? DecodeDocumentedChunk<float>(bytes, file, index, chunk_id, source, path, out)
              : DecodeDocumentedChunk<double>(bytes, file, index, chunk_id, source, path, out);
+}
+
+absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file,
+                                        uint64_t chunk_id, const std::vector<int>& source,
+                                        const std::string& path, std::vector<uint32_t>* counts) {
+  std::vector<DocumentedInput> inputs;
+  std::vector<uint32_t> lengths;
+  RETURN_IF_ERROR(WalkDocumentedChunk(bytes, file, chunk_id, path, &inputs, &lengths));
+  const size_t n_seq = lengths.size();
+  counts->assign(source.size() * n_seq, 0);
+  for (size_t i = 0; i < source.size(); ++i) {
+    std::copy(inputs[source[i]].samples.begin(), inputs[source[i]].samples.end(),
+              counts->begin() + i * n_seq);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor::cbf

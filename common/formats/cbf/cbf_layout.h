@@ -58,6 +58,12 @@ absl::StatusOr<CbfFile> ReadCntkLayout(std::string_view bytes, const std::string
 absl::Status DecodeCntkLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
                                    const std::vector<int>& source, Precision precision, const std::string& path,
                                    ParsedChunk* out);
+// The per-sequence sample `counts` of chunk `chunk_id`'s delivered streams (stream-major),
+// read from each sequence's u32 n with its values skipped, checked as the decoder checks
+// them. Errors: as ParseCbfChunk, the same ones where the decoder would fail.
+absl::Status CountCntkLayoutChunk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
+                                  const std::vector<int>& source, Precision precision,
+                                  const std::string& path, std::vector<uint32_t>* counts);
 
 // --- Layout 2, the documentation's (cbf_documented_layout.cc).
 // Samples are implied by row codes, not stored, so a few bytes could claim billions of them:
@@ -91,6 +97,11 @@ absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, ui
 absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index,
                                          uint64_t chunk_id, const std::vector<int>& source, Precision precision,
                                          const std::string& path, ParsedChunk* out);
+// The per-sequence sample `counts` of chunk `chunk_id`'s delivered streams (stream-major),
+// from WalkDocumentedChunk alone: the decoder's only check, so the same errors.
+absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file,
+                                        uint64_t chunk_id, const std::vector<int>& source,
+                                        const std::string& path, std::vector<uint32_t>* counts);
 
 // --- Shared by both layouts' decoders (cbf_reader.cc).
 // Appends `count` items of `bytes` to `v` (nothing at all for none: memcpy must not see the
@@ -103,6 +114,9 @@ void Append(std::vector<T>* v, const char* bytes, uint64_t count) {
   std::memcpy(v->data() + at, bytes, count * sizeof(T));
 }
 
+// Per sequence of `n_seq`, its slot among those delivered (-1: none), from the sample
+// `counts` per delivered stream (stream-major); see cbf_reader.cc.
+std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq);
 // The chunk's slots, keys and lengths from its sequences' sample `counts` per delivered
 // stream (stream-major); see cbf_reader.cc.
 void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& lengths, const Index& index,

@@ -96,27 +96,57 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view byte
   return out;
 }
 
+absl::Status CountCbfChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+                           uint64_t chunk_id, const std::vector<int>& source, Precision precision,
+                           const std::string& path, CbfChunkCounts* out) {
+  if (chunk_id >= file.chunks.size() || chunk_id >= index.chunks.size()) {
+    return absl::InternalError("no such chunk");
+  }
+  std::vector<uint32_t> counts;
+  RETURN_IF_ERROR(
+      file.layout == CbfLayout::kDocumented
+          ? cbf::CountDocumentedLayoutChunk(bytes, file, chunk_id, source, path, &counts)
+          : cbf::CountCntkLayoutChunk(bytes, file, chunk_id, source, precision, path, &counts));
+  const uint32_t n_seq = file.chunks[chunk_id].num_sequences;
+  out->slot_of = cbf::DeliveredSlots(counts, n_seq);
+  out->samples.clear();
+  for (uint32_t j = 0; j < n_seq; ++j) {
+    if (out->slot_of[j] < 0) continue;
+    for (size_t i = 0; i < source.size(); ++i) out->samples.push_back(counts[i * n_seq + j]);
+  }
+  return absl::OkStatus();
+}
+
 namespace cbf {
 
+// Sequences with no sample in any delivered stream are not delivered (docs/design.md
+// section 5) and keep no slot; the others are numbered in file order.
+std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq) {
+  const size_t n_streams = n_seq ? counts.size() / n_seq : 0;
+  std::vector<int32_t> slot_of(n_seq, -1);
+  int32_t next = 0;
+  for (uint32_t j = 0; j < n_seq; ++j) {
+    uint32_t most = 0;
+    for (size_t i = 0; i < n_streams; ++i) most = std::max(most, counts[i * n_seq + j]);
+    if (most != 0) slot_of[j] = next++;
+  }
+  return slot_of;
+}
+
 // The chunk's slots, keys and lengths from its sequences' sample `counts` per delivered
-// stream (stream-major): sequences with no sample in any delivered stream are not delivered
-// (docs/design.md section 5) and keep no slot; the others keep their data in file order.
+// stream (stream-major), in file order.
 void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& lengths, const Index& index,
                  const ChunkEntry& ce, ParsedChunk* out) {
   const uint32_t n_seq = static_cast<uint32_t>(lengths.size());
-  const size_t n_streams = out->streams.size();
-  out->slot_of.assign(n_seq, -1);
+  out->slot_of = DeliveredSlots(counts, n_seq);
   out->keys.reserve(n_seq);
   out->lengths.reserve(n_seq);
   bool all_kept = true;
   for (uint32_t j = 0; j < n_seq; ++j) {
-    uint32_t most = 0;
-    for (size_t i = 0; i < n_streams; ++i) most = std::max(most, counts[i * n_seq + j]);
-    if (most == 0) {
+    if (out->slot_of[j] < 0) {
       all_kept = false;
       continue;
     }
-    out->slot_of[j] = static_cast<int32_t>(out->keys.size());
     out->keys.push_back(index.sequences[ce.first_sequence + j].key);
     out->lengths.push_back(lengths[j]);
   }

@@ -97,4 +97,22 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view byte
                                                            const std::vector<int>& source, Precision precision,
                                                            const std::string& path);
 
+// What a composite member needs of a chunk (chunked_file.h), without decoding it.
+struct CbfChunkCounts {
+  std::vector<int32_t>
+      slot_of;  // per sequence of the chunk: its slot in ParseCbfChunk's result, or -1
+  std::vector<uint32_t> samples;  // per delivered slot, per delivered stream (slot-major)
+};
+
+// Chunk `chunk_id`'s sequences as ParseCbfChunk would deliver them (`source` as there): the
+// same slots and per-stream sample counts, no value decoded. Checked exactly as ParseCbfChunk
+// checks the chunk, so it fails where and as that would. kCntk: a walk over each sequence's
+// u32 n per stream that skips the values (a sparse sequence's indices and per-sample counts
+// are still read, to check them); kDocumented: the walk the index made (dense inputs one
+// sample a sequence, sparse ones from colStart/rows), which is all the decoder checks.
+// Errors: as ParseCbfChunk.
+absl::Status CountCbfChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+                           uint64_t chunk_id, const std::vector<int>& source, Precision precision,
+                           const std::string& path, CbfChunkCounts* out);
+
 }  // namespace conveyor
