@@ -83,6 +83,30 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(entries, line["streams"]["words"]["sparse"][0])
             self.assertEqual(label, line["streams"]["label"]["dense"][0][0])
 
+    def test_a_fork_ends_the_call_in_flight_and_the_stream_resumes_exactly(self):
+        # gRPC forks safely only without calls in flight (a child may hang in its fork
+        # handler): the call ends before the fork, and the next batch resumes at the cursor.
+        unix = "unix:" + os.path.join(self.tmp.name, "d.sock")
+        for address, transport in ((self.address, "inline"), (unix, "shm")):
+            with self.subTest(transport=transport):
+                client = conveyor.Client(address)
+                def keys_of(batches):
+                    return [(b.index, tuple(b.keys())) for b in batches]
+                whole = keys_of(client.subscribe("sequences", minibatch_size=30, randomize=True, seed=2,
+                                                 transport=transport))
+                sub = client.subscribe("sequences", minibatch_size=30, randomize=True, seed=2, transport=transport)
+                it = iter(sub)
+                got = keys_of(next(it) for _ in range(3))
+                self.assertIsNotNone(sub._responses)
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                self.assertIsNone(sub._responses)  # ended before the fork
+                self.assertEqual(os.waitpid(pid, 0)[1], 0)
+                got += keys_of(it)
+                self.assertEqual(got, whole)
+                client.close()
+
     def test_shared_memory_equals_inline(self):
         unix = "unix:" + os.path.join(self.tmp.name, "d.sock")
         client = conveyor.Client(unix)

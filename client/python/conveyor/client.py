@@ -254,6 +254,24 @@ class _Watchdog:
             del callback
 
 
+# Subscriptions of this process with a call in flight (see _end_calls_before_fork).
+_IN_FLIGHT = weakref.WeakSet()
+
+
+def _end_calls_before_fork():
+    """gRPC forks safely only without calls in flight: a child forked meanwhile (a DataLoader
+    worker) now and then hangs in gRPC's fork handler (python_torch: about 1 run in 10 under
+    load, with a stream the main process had left open). So every call of this process ends
+    before a fork, and waits (up to a second) until gRPC has ended it; the subscription is
+    not over: the next batch asked for opens a new call at its cursor, exactly as after a
+    broken connection."""
+    for sub in list(_IN_FLIGHT):
+        sub._end_call()
+
+
+os.register_at_fork(before=_end_calls_before_fork)
+
+
 class Subscription:
     """An iterator of Batch. Each batch is acknowledged when the next one is asked for."""
 
@@ -312,6 +330,7 @@ class Subscription:
                 yield item
 
         self._responses = self._client._stream(self._current)(requests())
+        _IN_FLIGHT.add(self)
         self._pending_ack = None
         self._releasing.clear()  # a new stream: the old one's slots are gone
 
@@ -354,11 +373,20 @@ class Subscription:
                 os.close(f)
 
     def close(self):
+        _IN_FLIGHT.discard(self)
         if self._requests is not None:
             self._requests.put(None)
         if self._responses is not None:
             self._responses.cancel()
         self._responses = None
+
+    def _end_call(self):
+        """Ends the call in flight, not the subscription (the next batch resumes at the cursor)."""
+        call = self._responses
+        self.close()
+        deadline = time.monotonic() + 1.0
+        while call is not None and not call.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def __iter__(self):
         return self
