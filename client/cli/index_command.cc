@@ -70,10 +70,15 @@ int RunIndex(const IndexArgs& args) {
                       ",\"cache\":\"", dc.cache_index ? JsonEscape((*ds)->index_cache_path()) : "", "\"}");
       continue;
     }
-    std::printf("%s: %s: %zu sequences, %llu samples, %zu chunks; index %s in %.3f s (%.0f MB/s)\n",
-                dc.name.c_str(), (*ds)->path().c_str(), index.sequences.size(),
-                static_cast<unsigned long long>(index.total_samples), index.chunks.size(),
-                SourceText((*ds)->index_source()), secs, (*ds)->file_bytes() / 1e6 / std::max(secs, 1e-9));
+    // The time covers opening the dataset: mapping, the scan, the content hash and writing the
+    // cache, not the process's start or exit. A rate of file bytes only when the file was
+    // scanned: a cached index does not read it.
+    const std::string rate = (*ds)->index_source() == IndexSource::kCache
+                                 ? ""
+                                 : absl::StrFormat(" (%.0f MB/s)", (*ds)->file_bytes() / 1e6 / std::max(secs, 1e-9));
+    std::printf("%s: %s: %zu sequences, %llu samples, %zu chunks; index %s in %.3f s%s\n", dc.name.c_str(),
+                (*ds)->path().c_str(), index.sequences.size(), static_cast<unsigned long long>(index.total_samples),
+                index.chunks.size(), SourceText((*ds)->index_source()), secs, rate.c_str());
     if (dc.cache_index) std::printf("  cache: %s\n", (*ds)->index_cache_path().c_str());
     if (index.errors.count > 0)
       std::printf("  %llu blank rows (input errors)\n", static_cast<unsigned long long>(index.errors.count));
