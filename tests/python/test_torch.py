@@ -145,18 +145,6 @@ class TorchTest(unittest.TestCase):
                         self.assertEqual(len(seen), 2000)
                         self.assertEqual(len(set(seen)), 2000)
 
-    def test_forkserver_workers_deliver_the_same_epoch(self):
-        # The README's way around gRPC's fork handler: workers started by a fork server.
-        def epoch(**kwargs):
-            ds = self.dataset(epochs=1)
-            got = [(b["_epoch"], b["_batch"], keys_of(b))
-                   for b in torch.utils.data.DataLoader(ds, batch_size=None, **kwargs)]
-            return got, ds.state_dict()
-        plain, plain_state = epoch(num_workers=0)
-        served, served_state = epoch(num_workers=2, multiprocessing_context="forkserver")
-        self.assertEqual(served, plain)
-        self.assertEqual(served_state, plain_state)
-
     def test_persistent_workers_are_refused_with_what_to_do(self):
         loader = torch.utils.data.DataLoader(self.dataset(), batch_size=None, num_workers=2, persistent_workers=True)
         self.assertEqual(sum(1 for _ in loader), 20)
