@@ -1,8 +1,10 @@
-// CTF hot paths on one core, each next to the physical reference measured in the same run:
-// a memchr newline scan of the same buffer. Read the figures as ratios (parse MB/s over
-// scan MB/s). Run: build/bench/ctf_bench  (see bench/RESULTS.md)
+// CTF hot paths on one core, each next to references measured in the same run: a memchr
+// newline scan of the same buffer (memory-bound) and a naive strtof loop over it (the
+// number conversion a plain parser pays). Read the figures as ratios (parse MB/s over
+// reference MB/s). Run: build/bench/ctf_bench  (see bench/RESULTS.md)
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "bench/ctf_generator.h"
@@ -41,6 +43,31 @@ void MemchrScan(benchmark::State& state, const std::string& data) {
 }
 void BM_MemchrScan_Dense(benchmark::State& s) { MemchrScan(s, Dense()); }
 void BM_MemchrScan_Sparse(benchmark::State& s) { MemchrScan(s, Sparse()); }
+
+// Walks the buffer calling strtof at every number (a digit, sign or '.'), skipping any
+// other byte: the same bytes through libc's conversion, nothing stored. The buffer is a
+// std::string, so strtof stops at its terminating NUL at the latest.
+void StrtofLoop(benchmark::State& state, const std::string& data) {
+  for (auto _ : state) {
+    float sum = 0;
+    const char* p = data.c_str();
+    const char* const end = p + data.size();
+    while (p < end) {
+      const char c = *p;
+      if ((c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.') {
+        char* next;
+        sum += std::strtof(p, &next);
+        p = next > p ? next : p + 1;
+      } else {
+        ++p;
+      }
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(state.iterations() * data.size());
+}
+void BM_StrtofLoop_Dense(benchmark::State& s) { StrtofLoop(s, Dense()); }
+void BM_StrtofLoop_Sparse(benchmark::State& s) { StrtofLoop(s, Sparse()); }
 
 void Parse(benchmark::State& state, const std::string& data, std::vector<StreamConfig> streams) {
   CtfIndexOptions io;
@@ -89,8 +116,10 @@ void BM_Index(benchmark::State& state) {
 }
 
 BENCHMARK(BM_MemchrScan_Dense)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StrtofLoop_Dense)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Parse_Dense100)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemchrScan_Sparse)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StrtofLoop_Sparse)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Parse_SparseDssm)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Index)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/ctf/ctf_number.h"
 
 namespace conveyor {
 namespace {
@@ -38,22 +39,9 @@ std::string Printable(char c) {
 }
 
 template <typename T>
-struct ExactDecimal;
-template <>
-struct ExactDecimal<float> {
-  static constexpr uint64_t kMantissa = 1ull << 24;
-  static constexpr int kMaxPow10 = 10;
-};
-template <>
-struct ExactDecimal<double> {
-  static constexpr uint64_t kMantissa = 1ull << 53;
-  static constexpr int kMaxPow10 = 22;
-};
-
-template <typename T>
 class ChunkParser {
-  static constexpr uint64_t kExactMantissa = ExactDecimal<T>::kMantissa;
-  static constexpr int kMaxExactPow10 = ExactDecimal<T>::kMaxPow10;
+  static constexpr uint64_t kExactMantissa = ctf::ExactDecimal<T>::kMantissa;
+  static constexpr int kMaxExactPow10 = ctf::ExactDecimal<T>::kMaxPow10;
   static constexpr T kPow10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                    1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                                    1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
@@ -254,11 +242,16 @@ class ChunkParser {
         (q == end || *q == ' ' || *q == '|' || *q == '\n' || *q == '\t' ||
          (static_cast<unsigned char>(*q) < 0x20))) {
       const T v = static_cast<T>(m) / kPow10[frac];
-      *value = neg ? -v : v;
+      *value = ctf::WithSign(v, neg);
       *pp = q;
       return true;
     }
     return RealSlow(pp, end, stream, value);
+  }
+
+  // The SWAR shapes (ctf_number.h) away from the sequence's end; false: not taken.
+  static bool FastReal(const char** pp, const char* end, T* value) {
+    return ctf::kSwarNumbers && end - *pp >= ctf::kSwarRealBytes && ctf::SwarReal(*pp, pp, value);
   }
 
   __attribute__((noinline)) bool RealSlow(const char** pp, const char* end, int stream, T* value) {
@@ -302,6 +295,14 @@ class ChunkParser {
     T* out = values.data() + base;
     uint32_t n = 0;
     while (true) {
+#if defined(__SSE2__)
+      // Bulk: values of the common shape one space apart, away from the sequence's end.
+      {
+        const char* q = p;
+        while (n < dim && end - q > ctf::kSseRealBytes && *q == ' ' && ctf::SseReal(q + 1, &q, out + n)) ++n;
+        p = q;
+      }
+#endif
       while (p < end && IsDelimiter(*p)) ++p;
       if (p == end || *p == '|' || *p == '\n') break;
       if (n == dim) {
@@ -309,7 +310,9 @@ class ChunkParser {
                              " values: expected at most ", dim));
         return false;
       }
-      if (!Real(&p, end, stream, out + n)) return false;
+      // Away from the sequence's end the common shapes take the SWAR path.
+      if (!FastReal(&p, end, out + n) && !Real(&p, end, stream, out + n))
+        return false;
       ++n;
     }
     if (n < dim) {
@@ -327,6 +330,30 @@ class ChunkParser {
     std::vector<T>& values = st->values<T>();
     const uint64_t dim = st->dim;
     while (true) {
+#if defined(__SSE2__)
+      // Bulk: entries "index:value" one space apart, away from the sequence's end; "1" and
+      // the shapes of SseReal as values. Anything else (errors included) is left whole to
+      // the general path below.
+      {
+        const char* q = p;
+        while (end - q > kSparseBulkBytes && *q == ' ') {
+          uint64_t idx;
+          const char* colon;
+          if (!ctf::SwarIndex(q + 1, &colon, &idx) || *colon != ':' || idx >= dim) break;
+          const char* v = colon + 1;
+          T value;
+          if (v[0] == '1' && ctf::EndsNumber(v[1])) {
+            value = 1;
+            q = v + 1;
+          } else if (!ctf::SseReal(v, &q, &value)) {
+            break;
+          }
+          st->indices.push_back(static_cast<int32_t>(idx));
+          values.push_back(value);
+        }
+        p = q;
+      }
+#endif
       while (p < end && IsDelimiter(*p)) ++p;
       if (p == end || *p == '|' || *p == '\n') break;
       if (!IsDigit(*p)) {
@@ -366,6 +393,9 @@ class ChunkParser {
     *pp = p;
     return true;
   }
+
+  // ' ', an index of up to 8 digits, ':', then SseReal's reads.
+  static constexpr int kSparseBulkBytes = 1 + 8 + 1 + ctf::kSseRealBytes;
 
   struct Saved {
     size_t values, indices, nnz;
