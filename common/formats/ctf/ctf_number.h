@@ -1,14 +1,16 @@
-// ctf_number.h: the CTF parser's branch-light fast paths for the shapes of number that fill
-// real files: a plain decimal of at most 7 integer and 7 fraction digits ("%.6g" text, "1",
-// "-0.0123456") and an unsigned integer of at most 8 digits (sparse indices). Eight bytes at
-// a time (SWAR): the digit run's length from one mask, its value from three multiplies.
+// ctf_number.h: the CTF parser's fast paths for the shapes of number that fill real files:
+// a plain decimal of at most 8 digits ("%.6g" text: "-0.123456", "0.0123456", "1") and a
+// sparse index of at most 8 digits. One 16-byte SSE2 load classifies a number's bytes, so
+// its end (where the next number starts) is known from one mask without waiting for the
+// digits; the digits are converted eight at a time in a 64-bit word (SWAR).
 //
 // Each function reads a fixed number of bytes at `p` whatever the text (the caller checks
-// that they are inside its buffer) and either takes the number, returning true, or leaves
-// everything to the general parser, returning false: it never reports an error and never
-// accepts text the general parser would refuse. A taken real is m / 10^k with m and 10^k
-// exact in T: one correctly rounded division (Clinger's fast path), so bit for bit what
-// strtof/strtod and fast_float give.
+// that they lie inside its buffer) and either takes the number, returning true, or leaves
+// it to the general parser, returning false: it never reports an error and never takes
+// text the general parser would refuse. A taken real is m / 10^k with m and 10^k exact in
+// T: one correctly rounded division (Clinger's fast path), so bit for bit what
+// strtof/strtod and fast_float give. Little-endian x86 only (SSE2 is part of x86-64);
+// elsewhere CTF_SIMD_NUMBERS is 0 and the general parser does all the work.
 #pragma once
 
 #include <cstdint>
@@ -16,50 +18,20 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#define CTF_SIMD_NUMBERS 1
+#else
+#define CTF_SIMD_NUMBERS 0
 #endif
 
 namespace conveyor::ctf {
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-inline constexpr bool kSwarNumbers = true;
-#else
-inline constexpr bool kSwarNumbers = false;  // the general parser does all the work
-#endif
-
-// Bytes a fast path may read at its start.
-inline constexpr int kSwarRealBytes = 17;   // sign, 7 digits, '.', 8 bytes of fraction
-inline constexpr int kSwarIndexBytes = 8;
-inline constexpr int kSseRealBytes = 17;    // 16 bytes of classes and the terminator
-
-inline uint64_t Load8(const char* p) {
-  uint64_t w;
-  std::memcpy(&w, p, 8);
-  return w;
-}
-
-// 0x80 in each byte of `w` that is not an ASCII digit, exact up to and including the first
-// such byte (bytes past it may be flagged wrongly: borrows and carries run upwards only).
-inline uint64_t NonDigitBytes(uint64_t w) {
-  return ((w - 0x3030303030303030ull) | (w + 0x4646464646464646ull)) & 0x8080808080808080ull;
-}
-// Length of the leading digit run of `w` (0-7), given NonDigitBytes(w) != 0.
-inline int DigitRun(uint64_t non_digits) { return __builtin_ctzll(non_digits) >> 3; }
-
-// Value of the first n (1-8) bytes of `w`, all digits.
-inline uint64_t DigitsValue(uint64_t w, int n) {
-  w = (w - 0x3030303030303030ull) << (64 - 8 * n);  // drop the rest; zeros lead
-  w = (w * 10) + (w >> 8);
-  w = (((w & 0x000000FF000000FFull) * 0x000F424000000064ull) +
-       (((w >> 16) & 0x000000FF000000FFull) * 0x0000271000000001ull)) >> 32;
-  return w;
-}
 
 // What may follow a number: a delimiter (space, tab, control characters), '|' or '\n'.
 inline bool EndsNumber(char c) {
   return c == ' ' || c == '|' || static_cast<unsigned char>(c) < 0x20;
 }
 
-// -v when neg, without a branch (signs are random in real data). Exact, -0.0 included.
+// -v when neg, without a branch (signs are random in real data: a branch here mispredicted
+// half the time). Exact, -0.0 included.
 inline float WithSign(float v, unsigned neg) {
   uint32_t b;
   std::memcpy(&b, &v, 4);
@@ -75,6 +47,7 @@ inline double WithSign(double v, unsigned neg) {
   return v;
 }
 
+// Integers below kMantissa and powers of ten up to 10^kMaxPow10 are exact in T.
 template <typename T>
 struct ExactDecimal;
 template <>
@@ -88,44 +61,34 @@ struct ExactDecimal<double> {
   static constexpr int kMaxPow10 = 22;
 };
 
-inline constexpr uint64_t kPow10Int[8] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000};
+#if CTF_SIMD_NUMBERS
+// Bytes a fast path may read at its start.
+inline constexpr int kSseRealBytes = 17;  // 16 bytes classified, and the terminator
+inline constexpr int kSwarIndexBytes = 8;
 
-// [+-]D{1,7}[.D{0,7}] followed by EndsNumber, with the digits' value exact in T.
-// Reads kSwarRealBytes bytes at p. On success sets *value and *next (the terminator).
-template <typename T>
-inline bool SwarReal(const char* p, const char** next, T* value) {
-  static constexpr T kPow10[8] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7};
-  const unsigned neg = *p == '-';
-  const char* q = p + (neg | (*p == '+'));
-  uint64_t w = Load8(q);
-  uint64_t nd = NonDigitBytes(w);
-  if (nd == 0) return false;  // 8 or more integer digits
-  const int n1 = DigitRun(nd);
-  if (n1 == 0) return false;  // no digit first: ".5", "--1", errors
-  uint64_t m = DigitsValue(w, n1);
-  q += n1;
-  int frac = 0;
-  if (*q == '.') {
-    w = Load8(q + 1);
-    nd = NonDigitBytes(w);
-    if (nd == 0) return false;  // 8 or more fraction digits
-    frac = DigitRun(nd);
-    if (frac > 0) m = m * kPow10Int[frac] + DigitsValue(w, frac);
-    q += 1 + frac;
-  }
-  if (!EndsNumber(*q) || m > ExactDecimal<T>::kMantissa) return false;
-  *value = WithSign(static_cast<T>(m) / kPow10[frac], neg);
-  *next = q;
-  return true;
+inline uint64_t Load8(const char* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
 }
 
-#if defined(__SSE2__)
-// [+-]D+[.D*] with at most 8 digits in all, followed by EndsNumber, its digits' value exact
-// in T ("%.6g" text: "-0.123456", "0.0123456", "1"). One 16-byte load classifies the bytes:
-// the number's end comes from one mask, so the next number's start does not wait for its
-// digits; the digits, the '.' squeezed out, are one 8-byte SWAR conversion. Reads
-// kSseRealBytes bytes at p. On success sets *value and *next (the terminator).
+// 0x80 in each byte of `w` that is not an ASCII digit, exact up to and including the first
+// such byte (bytes past it may be flagged wrongly: borrows and carries run upwards only).
+inline uint64_t NonDigitBytes(uint64_t w) {
+  return ((w - 0x3030303030303030ull) | (w + 0x4646464646464646ull)) & 0x8080808080808080ull;
+}
 
+// Value of the first n (1-8) bytes of `w`, all digits, the first the most significant.
+inline uint64_t DigitsValue(uint64_t w, int n) {
+  w = (w - 0x3030303030303030ull) << (64 - 8 * n);  // drop the rest; zeros lead
+  w = (w * 10) + (w >> 8);                           // pairs
+  return (((w & 0x000000FF000000FFull) * 0x000F424000000064ull) +           // 100, 10^6
+          (((w >> 16) & 0x000000FF000000FFull) * 0x0000271000000001ull)) >>  // 1, 10^4
+         32;
+}
+
+// [+-]D+[.D*] with at most 8 digits in all, followed by EndsNumber, its digits' value exact
+// in T. Reads kSseRealBytes bytes at p. On success sets *value and *next (the terminator).
 template <typename T>
 inline bool SseReal(const char* p, const char** next, T* value) {
   static constexpr T kPow10[9] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8};
@@ -140,31 +103,32 @@ inline bool SseReal(const char* p, const char** next, T* value) {
   const unsigned len = static_cast<unsigned>(__builtin_ctz(~(digits | dots | s)));
   const unsigned dot = dots & ((1u << len) - 1);
   const unsigned n = len - s - (dot != 0);  // digits
-  // At most one '.', a digit first, at most 8 digits, a delimiter, '|' or '\n' after.
+  // At most one '.', a digit first, at most 8 digits (so len < 16), and after the number a
+  // delimiter, '|' or '\n'.
   if ((dot & (dot - 1)) != 0 || ((digits >> s) & 1) == 0 || n > 8 || !EndsNumber(p[len]))
     return false;
   const unsigned n1 = static_cast<unsigned>(__builtin_ctz(dot | (1u << len))) - s;  // before '.'
-  const uint64_t keep = ~0ull >> (64 - 8 * n1);  // n1 >= 1
-  const uint64_t squeezed = (Load8(p + s) & keep) | (Load8(p + s + 1) & ~keep);
+  const uint64_t keep = ~0ull >> (64 - 8 * n1);  // n1 >= 1: the integer digits' bytes
+  const uint64_t squeezed = (Load8(p + s) & keep) | (Load8(p + s + 1) & ~keep);  // '.' out
   const uint64_t m = DigitsValue(squeezed, static_cast<int>(n));
   if (m > ExactDecimal<T>::kMantissa) return false;
   *value = WithSign(static_cast<T>(m) / kPow10[n - n1], neg);
   *next = p + len;
   return true;
 }
-#endif
 
-// An index of 1-8 digits: reads kSwarIndexBytes bytes at p. On success sets *value and
-// *next (the first byte after the digits, not checked).
+// An index of 1-7 digits. Reads kSwarIndexBytes bytes at p. On success sets *value and
+// *next (the first byte after the digits, which the caller checks).
 inline bool SwarIndex(const char* p, const char** next, uint64_t* value) {
   const uint64_t w = Load8(p);
   const uint64_t nd = NonDigitBytes(w);
-  if (nd == 0) return false;
-  const int n = DigitRun(nd);
+  if (nd == 0) return false;  // 8 digits or more
+  const int n = __builtin_ctzll(nd) >> 3;
   if (n == 0) return false;
   *value = DigitsValue(w, n);
   *next = p + n;
   return true;
 }
+#endif
 
 }  // namespace conveyor::ctf

@@ -249,11 +249,6 @@ class ChunkParser {
     return RealSlow(pp, end, stream, value);
   }
 
-  // The SWAR shapes (ctf_number.h) away from the sequence's end; false: not taken.
-  static bool FastReal(const char** pp, const char* end, T* value) {
-    return ctf::kSwarNumbers && end - *pp >= ctf::kSwarRealBytes && ctf::SwarReal(*pp, pp, value);
-  }
-
   __attribute__((noinline)) bool RealSlow(const char** pp, const char* end, int stream, T* value) {
     const auto what = [&] { return absl::StrCat("input '", options_.streams[stream].name, "'"); };
     const char* p = *pp;
@@ -295,11 +290,11 @@ class ChunkParser {
     T* out = values.data() + base;
     uint32_t n = 0;
     while (true) {
-#if defined(__SSE2__)
+#if CTF_SIMD_NUMBERS
       // Bulk: values of the common shape one space apart, away from the sequence's end.
       {
         const char* q = p;
-        while (n < dim && end - q > ctf::kSseRealBytes && *q == ' ' && ctf::SseReal(q + 1, &q, out + n)) ++n;
+        while (n < dim && end - q >= 1 + ctf::kSseRealBytes && *q == ' ' && ctf::SseReal(q + 1, &q, out + n)) ++n;
         p = q;
       }
 #endif
@@ -310,9 +305,7 @@ class ChunkParser {
                              " values: expected at most ", dim));
         return false;
       }
-      // Away from the sequence's end the common shapes take the SWAR path.
-      if (!FastReal(&p, end, out + n) && !Real(&p, end, stream, out + n))
-        return false;
+      if (!Real(&p, end, stream, out + n)) return false;
       ++n;
     }
     if (n < dim) {
@@ -330,13 +323,15 @@ class ChunkParser {
     std::vector<T>& values = st->values<T>();
     const uint64_t dim = st->dim;
     while (true) {
-#if defined(__SSE2__)
+#if CTF_SIMD_NUMBERS
       // Bulk: entries "index:value" one space apart, away from the sequence's end; "1" and
       // the shapes of SseReal as values. Anything else (errors included) is left whole to
       // the general path below.
       {
         const char* q = p;
-        while (end - q > kSparseBulkBytes && *q == ' ') {
+        // ' ', an index of up to 7 digits, ':', then SseReal's reads.
+        constexpr int kEntryBytes = 1 + 7 + 1 + ctf::kSseRealBytes;
+        while (end - q >= kEntryBytes && *q == ' ') {
           uint64_t idx;
           const char* colon;
           if (!ctf::SwarIndex(q + 1, &colon, &idx) || *colon != ':' || idx >= dim) break;
@@ -393,9 +388,6 @@ class ChunkParser {
     *pp = p;
     return true;
   }
-
-  // ' ', an index of up to 8 digits, ':', then SseReal's reads.
-  static constexpr int kSparseBulkBytes = 1 + 8 + 1 + ctf::kSseRealBytes;
 
   struct Saved {
     size_t values, indices, nnz;
