@@ -281,6 +281,16 @@ class ChunkParser {
     return true;
   }
 
+#if CTF_SIMD_NUMBERS
+  // How far the fast paths may read from a position before `end`, the end of the sequence.
+  // When the sequence ends with its newline, to the end of the file: every number, index
+  // and shape test stops at that newline, so what lies past it is loaded but never used
+  // (the loads are what may pass it). Otherwise (a last line without one) to `end`.
+  const char* ReadLimit(const char* end) const {
+    return end[-1] == '\n' ? file_.data() + file_.size() : end;
+  }
+#endif
+
   bool Dense(const char** pp, const char* end, int stream, ParsedStream* st) {
     const char* p = *pp;
     std::vector<T>& values = st->values<T>();
@@ -288,13 +298,16 @@ class ChunkParser {
     const size_t base = values.size();
     values.resize(base + dim);  // zero-filled: a short sample is zero-padded
     T* out = values.data() + base;
+#if CTF_SIMD_NUMBERS
+    const char* const limit = ReadLimit(end);
+#endif
     uint32_t n = 0;
     while (true) {
 #if CTF_SIMD_NUMBERS
-      // Bulk: values of the common shape one space apart, away from the sequence's end.
+      // Bulk: values of the common shape one space apart, while the reads stay in the file.
       {
         const char* q = p;
-        while (n < dim && end - q >= 1 + ctf::kSseRealBytes && *q == ' ' && ctf::SseReal(q + 1, &q, out + n)) ++n;
+        while (n < dim && limit - q >= 1 + ctf::kSseRealBytes && *q == ' ' && ctf::SseReal(q + 1, &q, out + n)) ++n;
         p = q;
       }
 #endif
@@ -322,16 +335,19 @@ class ChunkParser {
     const char* p = *pp;
     std::vector<T>& values = st->values<T>();
     const uint64_t dim = st->dim;
+#if CTF_SIMD_NUMBERS
+    const char* const limit = ReadLimit(end);
+#endif
     while (true) {
 #if CTF_SIMD_NUMBERS
-      // Bulk: entries "index:value" one space apart, away from the sequence's end; "1" and
-      // the shapes of SseReal as values. Anything else (errors included) is left whole to
-      // the general path below.
+      // Bulk: entries "index:value" one space apart, while the reads stay in the file; "1"
+      // and the shapes of SseReal as values. Anything else (errors included) is left whole
+      // to the general path below.
       {
         const char* q = p;
         // ' ', an index of up to 7 digits, ':', then SseReal's reads.
         constexpr int kEntryBytes = 1 + 7 + 1 + ctf::kSseRealBytes;
-        while (end - q >= kEntryBytes && *q == ' ') {
+        while (limit - q >= kEntryBytes && *q == ' ') {
           uint64_t idx;
           const char* colon;
           if (!ctf::SwarIndex(q + 1, &colon, &idx) || *colon != ':' || idx >= dim) break;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/error_budget.h"
+#include "common/formats/ctf/ctf_indexer.h"
 #include "common/formats/ctf/ctf_parser.h"
 #include "common/log.h"
 #include "gtest/gtest.h"
@@ -343,6 +344,70 @@ TEST(CtfNumber, SparseFloatRowsParseAlikeEitherWay) {
 }
 TEST(CtfNumber, SparseDoubleRowsParseAlikeEitherWay) {
   CheckThroughParser<double>(NumberTexts(14, 20000), StreamFormat::kSparse);
+}
+
+// Many one-line sequences in one file: the fast paths read past a sequence's newline into
+// the next line (sequence ids, digits) but must stop at it. Each value as the general path
+// reads its row alone; a bad row is the same dropped sequence either way.
+template <typename T>
+void CheckAcrossSequences(StreamFormat format, bool final_newline) {
+  const Precision precision = sizeof(T) == 4 ? Precision::kFloat : Precision::kDouble;
+  const bool dense = format == StreamFormat::kDense;
+  const std::vector<std::string> texts = NumberTexts(21, 20000);
+  std::string file;
+  std::vector<Parsed> expected;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string value = (dense ? "" : "7:") + texts[i];
+    const std::string tail = (i % 3 == 0) ? "" : " |b 1";  // the number right before '\n'
+    file += std::to_string(i) + " |a " + value + tail + "\n";
+    expected.push_back(ParseRow("|a " + value + tail + "\n", precision, format));
+  }
+  if (!final_newline) file.pop_back();
+  auto bytes = std::make_unique<char[]>(file.size());  // exactly the file
+  std::memcpy(bytes.get(), file.data(), file.size());
+  const std::string_view view(bytes.get(), file.size());
+  CtfIndexOptions io;
+  io.threads = 1;
+  auto index = BuildCtfIndex(view, "t.ctf", io);
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->sequences.size(), texts.size());
+  CtfParserOptions po;
+  po.path = "t.ctf";
+  po.precision = precision;
+  po.streams = {{"a", "a", format, dense ? 8u : 50000u, false}, {"b", "b", StreamFormat::kDense, 1, false}};
+  Diagnostics diagnostics(0, [](Severity, const std::string&) {});
+  ErrorBudget budget(UINT64_MAX);
+  CtfParser parser(po, &diagnostics, &budget);
+  uint64_t kept = 0;
+  for (uint64_t c = 0; c < index->chunks.size(); ++c) {
+    auto chunk = parser.ParseChunk(view, *index, c);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const ParsedChunk& pc = **chunk;
+    const ParsedStream& a = pc.streams[0];
+    const std::vector<T>& values = a.values<T>();
+    for (uint64_t k = 0; k < index->chunks[c].num_sequences; ++k) {
+      const uint64_t i = index->chunks[c].first_sequence + k;
+      const int32_t slot = pc.slot_of[k];
+      ASSERT_EQ(slot >= 0, expected[i].ok) << texts[i] << ": " << expected[i].error;
+      if (slot < 0) continue;
+      ++kept;
+      const T got = dense ? values[static_cast<size_t>(slot) * 8] : values[a.nnz_begin[a.sequence_begin[slot]]];
+      ASSERT_TRUE(SameBits(got, Values<T>(expected[i])[0])) << texts[i];
+      if (!dense) {
+        ASSERT_EQ(a.indices[a.nnz_begin[a.sequence_begin[slot]]], 7);
+      }
+    }
+  }
+  EXPECT_GT(kept, texts.size() / 4);
+}
+
+TEST(CtfNumber, DenseFastPathsStopAtEachSequencesNewline) {
+  CheckAcrossSequences<float>(StreamFormat::kDense, true);
+  CheckAcrossSequences<double>(StreamFormat::kDense, false);
+}
+TEST(CtfNumber, SparseFastPathsStopAtEachSequencesNewline) {
+  CheckAcrossSequences<float>(StreamFormat::kSparse, false);
+  CheckAcrossSequences<double>(StreamFormat::kSparse, true);
 }
 
 // Sparse indices: the bulk path's SWAR index against the general path, errors included.
