@@ -5,7 +5,8 @@
 //   delimiter: space, tab, and control characters other than '\n' (so '\r' too)
 //   dense    := real*          (fewer than dim values: zero-padded, with a warning)
 //   sparse   := (index ':' real)*   index < dim, kept in file order
-//   real     := [+-]digits['.'digits][(e|E)[+-]digits]   (parsed by fast_float)
+//   real     := [+-]digits['.'digits][(e|E)[+-]digits]   (correctly rounded: plain decimals
+//               by inline fast paths, ctf_number.h's SSE2 ones first, the rest by fast_float)
 //   comment  : runs to the end of the line or the next '|' ('|#' inside it is an
 //              escaped pipe, which starts another comment and so changes nothing)
 // Unknown input names are skipped. A bad sequence (bad number, index out of range, too
