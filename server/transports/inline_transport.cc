@@ -9,20 +9,28 @@
 namespace conveyor {
 namespace {
 
-// An inline batch's buffer: pages of its own (mmap), so that freeing it gives the memory
+// An inline batch's memory: pages of its own (mmap), so that freeing it gives the memory
 // back to the system at once. From malloc, a large buffer freed by a producer thread would
 // stay in that thread's arena (the allocator is tuned to keep freed memory for reuse, and
-// malloc_trim cannot shrink a thread arena's top).
-struct InlineBuffer {
-  InlineBuffer() = default;
-  InlineBuffer(const InlineBuffer&) = delete;
-  InlineBuffer& operator=(const InlineBuffer&) = delete;
-  ~InlineBuffer() {
+// malloc_trim cannot shrink a thread arena's top). The gRPC slices that send a batch's
+// parts hold its pages (and nothing else: they may outlive the stream, and the daemon's
+// budget), until gRPC has written them.
+struct InlinePages {
+  InlinePages() = default;
+  InlinePages(const InlinePages&) = delete;
+  InlinePages& operator=(const InlinePages&) = delete;
+  ~InlinePages() {
     if (data != nullptr) ::munmap(data, size);
   }
   std::byte* data = nullptr;
   uint64_t size = 0;
-  Reservation reservation;  // of the daemon's budget, until the last part is written
+};
+
+// The batch while the stream holds it: its pages and its share of the daemon's budget,
+// until the write of its last part completes (or the stream drops it).
+struct InlineBuffer {
+  std::shared_ptr<InlinePages> pages;
+  Reservation reservation;
 };
 
 struct InlineDestination final : Transport::Destination {
@@ -45,9 +53,10 @@ absl::StatusOr<std::unique_ptr<Transport::Destination>> InlineTransport::Reserve
   if (p == MAP_FAILED)
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate a batch of ", bytes, " bytes"));
-  b->data = static_cast<std::byte*>(p);
-  b->size = mapped;
-  d->bytes = absl::MakeSpan(b->data, bytes);
+  b->pages = std::make_shared<InlinePages>();
+  b->pages->data = static_cast<std::byte*>(p);
+  b->pages->size = mapped;
+  d->bytes = absl::MakeSpan(b->pages->data, bytes);
   d->buffer = std::move(b);
   return d;
 }
@@ -56,15 +65,16 @@ void InlineTransport::Describe(std::unique_ptr<Destination> destination, v1::Str
                                std::vector<OutgoingMessage>* out) {
   auto* d = static_cast<InlineDestination*>(destination.get());
   // Parts reference the one buffer (through `payload`, which shares its ownership); each
-  // copies its bytes out only when it is written.
-  const std::shared_ptr<const std::byte> bytes(d->buffer, d->buffer->data);
+  // is sent from there (OutgoingMessage::Encode), its slice holding the pages.
+  const std::shared_ptr<const std::byte> bytes(d->buffer, d->buffer->pages->data);
+  const std::shared_ptr<const void> pages = d->buffer->pages;
   const uint64_t total = d->bytes.size();
   const uint64_t part = options_.inline_part_bytes;
-  for (auto& a : d->announcements) out->push_back(OutgoingMessage{std::move(a), nullptr, 0, 0});
+  for (auto& a : d->announcements) out->push_back(OutgoingMessage{std::move(a), nullptr, 0, 0, nullptr});
   v1::BatchDescriptor* desc = first.mutable_batch();
   desc->set_parts(static_cast<uint32_t>(std::max<uint64_t>(1, (total + part - 1) / part)));
   desc->mutable_payload()->set_offset(0);
-  out->push_back(OutgoingMessage{std::move(first), bytes, 0, std::min(part, total)});
+  out->push_back(OutgoingMessage{std::move(first), bytes, 0, std::min(part, total), pages});
   for (uint64_t off = part; off < total; off += part) {
     OutgoingMessage more;
     more.message.mutable_more()->set_serial(d->serial);
@@ -72,6 +82,7 @@ void InlineTransport::Describe(std::unique_ptr<Destination> destination, v1::Str
     more.payload = bytes;
     more.offset = off;
     more.size = std::min(part, total - off);
+    more.memory = pages;
     out->push_back(std::move(more));
   }
 }

@@ -1,6 +1,6 @@
 // inline_transport.h: TRANSPORT_INLINE. Each batch is assembled into a buffer of its own;
 // its messages (the descriptor with the first part, then `more` parts of at most
-// inline_part_bytes) reference that buffer and copy their part out only when written. The
+// inline_part_bytes) reference that buffer and are sent from it without a copy. The
 // buffer, and its share of the daemon's budget for batches in flight, is freed when its
 // last part is written (or the stream drops it): acknowledgements free nothing.
 #pragma once
