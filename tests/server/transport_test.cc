@@ -12,6 +12,7 @@
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "server/shared_memory.h"
+#include "server/transports/inline_transport.h"
 #include "server/transports/pooled_transport.h"
 #include "tests/test_util.h"
 
@@ -169,6 +170,33 @@ TEST(InlineTransport, EncodedPartsAreProtobufsBytesSentFromTheBuffer) {
     ASSERT_EQ(all.size(), total);
     for (size_t i = 0; i < total; ++i) ASSERT_EQ(static_cast<unsigned char>(all[i]), (i * 7) & 0xff);
   }
+}
+
+TEST(InlineTransport, ABatchsPagesAreReusedOnceGRPCLetsGoOfThem) {
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 24);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto* inline_transport = static_cast<InlineTransport*>(t->get());
+  auto a = (*t)->Reserve(0, 100000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::byte* pages = (*a)->bytes.data();
+  std::vector<OutgoingMessage> out;
+  (*t)->Describe(std::move(*a), Descriptor(), &out);
+  grpc::ByteBuffer sent = out[0].Encode();
+  out.clear();  // written: the budget is back, the slice still holds the pages
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_EQ(inline_transport->idle_buffers(), 0u);
+  auto b = (*t)->Reserve(1, 1000);  // new pages, the first batch's being in use
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE((*b)->bytes.data(), pages);
+  sent.Clear();  // gRPC lets go
+  EXPECT_EQ(inline_transport->idle_buffers(), 1u);
+  auto c = (*t)->Reserve(2, 90000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->bytes.data(), pages);
+  EXPECT_EQ(inline_transport->idle_buffers(), 0u);
+  EXPECT_EQ(budget.used(), 91000u);
 }
 
 TEST(Transport, MessagesWithoutAPartEncodeAsProtobufDoes) {
