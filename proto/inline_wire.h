@@ -27,6 +27,11 @@ class SlicePart final : public PartBytes {
   void AppendTo(std::string* out) const override;
   // Slices the bytes span (1: they could be used in place).
   size_t slices_spanned() const;
+  // Lets go of the received slices (once the bytes are appended).
+  void Release() {
+    slices_.clear();
+    size_ = 0;
+  }
 
  private:
   friend bool ParseStreamResponse(const grpc::ByteBuffer&, v1::StreamResponse*, SlicePart*, bool*);

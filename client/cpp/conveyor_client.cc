@@ -257,6 +257,7 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
       return absl::UnavailableError(finished.message());
     }
     auto event = reader_.Feed(std::move(msg), split ? part_.get() : nullptr);
+    part_->Release();  // the part is in the batch (or refused): gRPC's buffers go back
     if (!event.ok()) return Abort(event.status());
     switch (*event) {
       case StreamReader::Event::kNeedMore:
