@@ -120,7 +120,9 @@ absl::StatusOr<std::unique_ptr<Transport::Destination>> InlineTransport::Reserve
   std::unique_ptr<Mapping> m = pool_->Take(bytes);
   if (m == nullptr) {
     m = std::make_unique<Mapping>();
-    const uint64_t mapped = std::max<uint64_t>(bytes, 1);
+    // An eighth more than asked: batches vary in size (sequences, sparse streams), and a
+    // mapping is reused by any batch that fits it.
+    const uint64_t mapped = std::max<uint64_t>(bytes + bytes / 8, 1);
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a batch of ", bytes, " bytes"));
     m->data = static_cast<std::byte*>(p);
