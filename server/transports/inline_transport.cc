@@ -33,9 +33,10 @@ struct Mapping {
 // The stream's idle mappings, reused by its next batches: mapping (and faulting in) 1.6 MB
 // per batch, and unmapping it, cost the producer more than assembling it. At most `keep` (the
 // subscription's credits) are kept, so that idle pages are bounded by the subscription's
-// budget (credits x any batch's size fit server.subscriptionBytes, checked at Reserve);
-// they are outside the daemon's budget for batches in flight, and unmapped with the
-// transport (when the stream ends).
+// budget and an eighth (credits x any batch's size fit server.subscriptionBytes, checked
+// at Reserve; a mapping is an eighth larger than its first batch); they are outside the
+// daemon's budget for batches in flight, and unmapped with the transport (when the stream
+// ends).
 class InlineTransport::Pool {
  public:
   explicit Pool(size_t keep) : keep_(keep) {}
