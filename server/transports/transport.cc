@@ -42,7 +42,7 @@ void DropHold(void* hold) { delete static_cast<std::shared_ptr<const void>*>(hol
 
 grpc::ByteBuffer OutgoingMessage::Encode() {
   grpc::ByteBuffer out;
-  if (payload == nullptr) {
+  if (payload == nullptr || !(message.has_batch() || message.has_more())) {
     bool own = false;
     (void)grpc::SerializationTraits<v1::StreamResponse>::Serialize(message, &out, &own);
     return out;
