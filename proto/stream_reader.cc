@@ -24,8 +24,12 @@ uint64_t StreamReader::cuda_segment_bytes(uint32_t id) const {
 }
 
 absl::StatusOr<StreamReader::Event> StreamReader::Feed(v1::StreamResponse message) {
+  return Feed(std::move(message), nullptr);
+}
+
+absl::StatusOr<StreamReader::Event> StreamReader::Feed(v1::StreamResponse message, const PartBytes* part) {
   if (!broken_.ok()) return broken_;
-  auto event = Take(std::move(message));
+  auto event = Take(std::move(message), part);
   if (!event.ok()) broken_ = event.status();
   return event;
 }
@@ -40,7 +44,11 @@ absl::Status StreamReader::Finished() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StreamReader::Event> StreamReader::Take(v1::StreamResponse m) {
+absl::StatusOr<StreamReader::Event> StreamReader::Take(v1::StreamResponse m, const PartBytes* part) {
+  if (part != nullptr) {
+    const v1::InlinePayload* p = m.has_batch() ? &m.batch().payload() : m.has_more() ? &m.more().payload() : nullptr;
+    if (p == nullptr || !p->data().empty()) return absl::InternalError("inline bytes given outside a message that carries them");
+  }
   if (ended_) return Violation("a message after the end of the stream");
   if (assembling_ && !m.has_more()) {
     return Violation(absl::StrCat("another message in the middle of batch ", batch_.descriptor.serial(), " (",
@@ -48,9 +56,9 @@ absl::StatusOr<StreamReader::Event> StreamReader::Take(v1::StreamResponse m) {
   }
   switch (m.kind_case()) {
     case v1::StreamResponse::kMore:
-      return AddPart(m.more());
+      return AddPart(m.more(), part);
     case v1::StreamResponse::kBatch:
-      return BeginBatch(m.mutable_batch());
+      return BeginBatch(m.mutable_batch(), part);
     case v1::StreamResponse::kEnd:
       if (m.end().batches() != next_serial_) {
         return Violation(absl::StrCat("an end of stream counting ", m.end().batches(), " batches after ",
@@ -98,7 +106,7 @@ absl::StatusOr<StreamReader::Event> StreamReader::Take(v1::StreamResponse m) {
   return Violation("an empty message");
 }
 
-absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor* d) {
+absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor* d, const PartBytes* part) {
   if (d->serial() != next_serial_) {
     return Violation(absl::StrCat("batch serial ", d->serial(), " where ", next_serial_,
                                   " was due (a duplicate, a gap or a reordering)"));
@@ -116,6 +124,8 @@ absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor
   }
   batch_ = ReceivedBatch();
   batch_.bytes = std::move(*d->mutable_payload()->mutable_data());
+  // The first part's size; its bytes are appended below once they are known to fit.
+  const uint64_t first = part != nullptr ? part->size() : batch_.bytes.size();
   const uint64_t offset = d->payload().offset();
   d->clear_payload();
   batch_.descriptor = std::move(*d);
@@ -126,7 +136,7 @@ absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor
   }
   batch_.plan = std::move(*plan);
   if (b.has_shm() || b.has_cuda_ipc()) {
-    if (!batch_.bytes.empty()) return Violation(absl::StrCat("inline bytes with batch ", b.serial(), ", which is in a segment"));
+    if (first > 0) return Violation(absl::StrCat("inline bytes with batch ", b.serial(), ", which is in a segment"));
     const bool device = b.has_cuda_ipc();
     const uint32_t id = device ? b.cuda_ipc().segment() : b.shm().segment();
     const uint64_t at = device ? b.cuda_ipc().offset() : b.shm().offset();
@@ -139,31 +149,40 @@ absl::StatusOr<StreamReader::Event> StreamReader::BeginBatch(v1::BatchDescriptor
     return Event::kBatch;
   }
   // Inline: every part holds at least one byte (an empty batch is one empty part).
-  if (offset != 0 || b.parts() > std::max<uint64_t>(total, 1) || batch_.bytes.size() > total ||
-      (b.parts() == 1) != (batch_.bytes.size() == total) || (total > 0 && batch_.bytes.empty())) {
-    return Violation(absl::StrCat("batch ", b.serial(), " whose first part (", batch_.bytes.size(), " bytes of ",
+  if (offset != 0 || b.parts() > std::max<uint64_t>(total, 1) || first > total ||
+      (b.parts() == 1) != (first == total) || (total > 0 && first == 0)) {
+    return Violation(absl::StrCat("batch ", b.serial(), " whose first part (", first, " bytes of ",
                                   total, ", ", b.parts(), " parts) does not fit"));
   }
   parts_left_ = b.parts() - 1;
-  if (parts_left_ == 0) return Complete();
   // Grown as parts arrive (never allocated up front to a size only claimed).
+  if (part != nullptr) {
+    batch_.bytes.reserve(parts_left_ == 0 ? first : std::min<uint64_t>(total, uint64_t{64} << 20));
+    part->AppendTo(&batch_.bytes);
+  }
+  if (parts_left_ == 0) return Complete();
   batch_.bytes.reserve(std::min<uint64_t>(total, uint64_t{64} << 20));
   assembling_ = true;
   return Event::kNeedMore;
 }
 
-absl::StatusOr<StreamReader::Event> StreamReader::AddPart(const v1::MoreBytes& more) {
+absl::StatusOr<StreamReader::Event> StreamReader::AddPart(const v1::MoreBytes& more, const PartBytes* part) {
   if (!assembling_) return Violation(absl::StrCat("a part of batch ", more.serial(), " with no batch begun"));
   const v1::BatchDescriptor& b = batch_.descriptor;
   const std::string& data = more.payload().data();
+  const uint64_t size = part != nullptr ? part->size() : data.size();
   const uint64_t total = b.total_bytes(), have = batch_.bytes.size();
-  if (more.serial() != b.serial() || more.payload().offset() != have || data.empty() || data.size() > total - have ||
-      (parts_left_ == 1) != (data.size() == total - have)) {
+  if (more.serial() != b.serial() || more.payload().offset() != have || size == 0 || size > total - have ||
+      (parts_left_ == 1) != (size == total - have)) {
     return Violation(absl::StrCat("a part (batch ", more.serial(), ", offset ", more.payload().offset(), ", ",
-                                  data.size(), " bytes) out of order for batch ", b.serial(), " (", have, " of ",
+                                  size, " bytes) out of order for batch ", b.serial(), " (", have, " of ",
                                   total, " bytes, ", parts_left_, " parts to come)"));
   }
-  batch_.bytes.append(data);
+  if (part != nullptr) {
+    part->AppendTo(&batch_.bytes);
+  } else {
+    batch_.bytes.append(data);
+  }
   if (--parts_left_ > 0) return Event::kNeedMore;
   assembling_ = false;
   return Complete();

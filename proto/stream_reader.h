@@ -29,6 +29,15 @@ struct ClientLimits {
   size_t max_cursor_bytes = 4096;                // what the daemon accepts back to resume
 };
 
+// An inline part's bytes kept outside its message (proto/inline_wire.h: in the slices
+// they arrived in), appended to the batch once they are checked.
+class PartBytes {
+ public:
+  virtual ~PartBytes() = default;
+  virtual uint64_t size() const = 0;
+  virtual void AppendTo(std::string* out) const = 0;
+};
+
 class StreamReader {
  public:
   explicit StreamReader(const ClientLimits& limits = {}) : limits_(limits) {}
@@ -44,6 +53,9 @@ class StreamReader {
   // ResourceExhausted (a size past the client's limits). After an error the reader is
   // broken: every later call returns it again.
   absl::StatusOr<Event> Feed(v1::StreamResponse message);
+  // The same, with the bytes of the message's inline part (a batch or a `more` part) in
+  // `part` rather than in its payload's data (which must be empty).
+  absl::StatusOr<Event> Feed(v1::StreamResponse message, const PartBytes* part);
   // The call ended with OK: an error unless the end-of-stream message came and no batch is
   // half received (a silent end must never look like the end of the data).
   absl::Status Finished() const;
@@ -65,9 +77,9 @@ class StreamReader {
   uint64_t batches() const { return next_serial_; }
 
  private:
-  absl::StatusOr<Event> Take(v1::StreamResponse message);
-  absl::StatusOr<Event> BeginBatch(v1::BatchDescriptor* d);
-  absl::StatusOr<Event> AddPart(const v1::MoreBytes& more);
+  absl::StatusOr<Event> Take(v1::StreamResponse message, const PartBytes* part);
+  absl::StatusOr<Event> BeginBatch(v1::BatchDescriptor* d, const PartBytes* part);
+  absl::StatusOr<Event> AddPart(const v1::MoreBytes& more, const PartBytes* part);
   absl::StatusOr<Event> Complete();
 
   ClientLimits limits_;

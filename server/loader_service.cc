@@ -110,7 +110,7 @@ grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerCon
   return r;
 }
 
-grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* LoaderService::Stream(grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LoaderService::Stream(grpc::CallbackServerContext* ctx) {
   auto* r = new StreamReactor(this);
   grpc::Status auth = Authorize(ctx);
   std::lock_guard<std::mutex> lock(mu_);

@@ -24,7 +24,12 @@
 
 namespace conveyor {
 
-class LoaderService final : public v1::Loader::CallbackService {
+// Stream is registered raw (ByteBuffers both ways): the reactor writes inline batches from
+// their buffers (stream_reactor.h). The wire is the same protobuf.
+using LoaderServiceBase = v1::Loader::WithCallbackMethod_ListDatasets<
+    v1::Loader::WithCallbackMethod_DescribeDataset<v1::Loader::WithRawCallbackMethod_Stream<v1::Loader::Service>>>;
+
+class LoaderService final : public LoaderServiceBase {
  public:
   LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceOptions options);
   // Waits until every stream's reactor is gone (the server must have been shut down: its
@@ -35,7 +40,7 @@ class LoaderService final : public v1::Loader::CallbackService {
                                          v1::ListDatasetsResponse* resp) override;
   grpc::ServerUnaryReactor* DescribeDataset(grpc::CallbackServerContext* ctx, const v1::DescribeDatasetRequest* req,
                                             v1::DatasetDescription* resp) override;
-  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(grpc::CallbackServerContext* ctx) override;
 
   // Stops new subscriptions and drains the open ones.
   void Drain();

@@ -12,7 +12,7 @@ namespace conveyor {
 
 StreamReactor::StreamReactor(LoaderService* service) : service_(service) {
   if (service_->options_.metrics) service_->options_.metrics->StreamStarted();
-  StartRead(&request_);
+  StartRead(&request_bytes_);
 }
 
 void StreamReactor::Refuse(const grpc::Status& status) {
@@ -50,6 +50,13 @@ void StreamReactor::OnReadDone(bool ok) {
     return;
   }
   if (finish_called_ || !final_status_.ok()) return;
+  request_.Clear();
+  if (!grpc::SerializationTraits<v1::StreamRequest>::Deserialize(&request_bytes_, &request_).ok()) {
+    StopLocked();
+    producer_done_ = producer_done_ || !subscribed_;
+    FinishLocked(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a message that does not parse as a StreamRequest"));
+    return;
+  }
   if (!subscribed_) {
     if (!request_.has_subscribe()) {
       producer_done_ = true;
@@ -85,7 +92,7 @@ void StreamReactor::OnReadDone(bool ok) {
     return;
   }
   lock.unlock();
-  StartRead(&request_);
+  StartRead(&request_bytes_);
 }
 
 void StreamReactor::Pump() {
@@ -93,9 +100,10 @@ void StreamReactor::Pump() {
   if (!queue_.empty()) {
     OutgoingMessage o = std::move(queue_.front());
     queue_.pop_front();
-    o.Materialize();
-    current_ = std::move(o.message);
-    // `o` goes here: after a batch's last part, its buffer is freed.
+    current_ = o.Encode();
+    // The batch's buffer and budget are held until the write is done; its pages, until
+    // gRPC lets go of the slice that sends them.
+    current_payload_ = std::move(o.payload);
     writing_ = true;
     StartWrite(&current_);
     return;
@@ -115,6 +123,7 @@ void StreamReactor::OnWriteDone(bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
   writing_ = false;
   current_.Clear();
+  current_payload_.reset();  // after a batch's last part, its budget is given back
   if (!ok) {  // the client went away
     StopLocked();
     queue_.clear();
@@ -179,6 +188,7 @@ void StreamReactor::Destroy() {
     transport_.reset();
     queue_.clear();
     current_.Clear();
+    current_payload_.reset();
   }
   service_->releaser_.Request();
   service_->Unregister(this);  // the service may be gone after this
@@ -301,7 +311,7 @@ void StreamReactor::Produce() {
         v1::StreamResponse end;
         end.mutable_end()->set_cursor(last_cursor_);
         end.mutable_end()->set_batches(next_serial_);
-        queue_.push_back(OutgoingMessage{std::move(end), nullptr, 0, 0});
+        queue_.push_back(OutgoingMessage{std::move(end), nullptr, 0, 0, nullptr});
         end_queued_ = true;
         break;
       }

@@ -33,7 +33,10 @@ namespace conveyor {
 
 class LoaderService;
 
-class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse> {
+// Raw bytes both ways (the method is registered raw, LoaderService): requests are parsed
+// here, and responses written as OutgoingMessage::Encode() makes them, an inline batch's
+// bytes sent from its buffer, never copied into a protobuf message.
+class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // `service` must outlive the reactor (LoaderService waits for every reactor it made).
   explicit StreamReactor(LoaderService* service);
@@ -62,8 +65,11 @@ class StreamReactor final : public grpc::ServerBidiReactor<v1::StreamRequest, v1
   void Destroy();
 
   LoaderService* const service_;
-  v1::StreamRequest request_;   // the read in flight
-  v1::StreamResponse current_;  // the write in flight
+  grpc::ByteBuffer request_bytes_;  // the read in flight
+  v1::StreamRequest request_;       // ... parsed
+  grpc::ByteBuffer current_;        // the write in flight
+  // The batch whose part is being written (its buffer and budget), until the write is done.
+  std::shared_ptr<const std::byte> current_payload_;
   // Locking: std::mutex rather than absl::Mutex because the last user deletes the reactor
   // right after unlocking it, which POSIX mutexes allow.
   std::mutex mu_;

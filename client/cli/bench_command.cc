@@ -117,9 +117,13 @@ int RunBenchRemote(const BenchArgs& args) {
     std::printf("  %.1f MB/s (%.2f GB/s) of batches, %.0f batches/s, %.0f samples/s\n", bytes / 1e6 / std::max(secs, 1e-9),
                 bytes / 1e9 / std::max(secs, 1e-9), batches / std::max(secs, 1e-9), samples / std::max(secs, 1e-9));
   }
-  std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"samples\": %llu, \"batches\": %llu}\n",
+  // Inline parts, and those that came in several gRPC slices (put together by one copy).
+  const Subscription::WireStats& wire = (*sub)->wire_stats();
+  std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"samples\": %llu, \"batches\": %llu, "
+              "\"inline_parts\": %llu, \"inline_parts_in_pieces\": %llu}\n",
               static_cast<unsigned long long>(bytes), secs, static_cast<unsigned long long>(samples),
-              static_cast<unsigned long long>(batches));
+              static_cast<unsigned long long>(batches), static_cast<unsigned long long>(wire.parts),
+              static_cast<unsigned long long>(wire.parts_in_pieces));
   return 0;
 }
 #endif

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cuda/ipc.h"
+#include "proto/inline_wire.h"
 #include "proto/status.h"
 #include "proto/wire.h"
 
@@ -132,7 +133,7 @@ Subscription::Subscription(std::vector<std::string> addresses, std::vector<std::
                            ClientLimits limits)
     : addresses_(std::move(addresses)), channels_(std::move(channels)), current_(first),
       request_(std::move(request)), options_(options),
-      token_(std::move(token)), limits_(limits), reader_(limits) {}
+      token_(std::move(token)), limits_(limits), reader_(limits), part_(std::make_unique<SlicePart>()) {}
 
 Subscription::~Subscription() { Cancel(); }
 
@@ -216,20 +217,26 @@ absl::Status Subscription::IdleError() const {
                                              options_.idle_timeout.count(), " ms (the idle deadline)"));
 }
 
-Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout) {
+Subscription::ReadResult Subscription::Read(v1::StreamResponse* msg, bool* split, std::chrono::milliseconds timeout) {
   grpc::ByteBuffer buffer;
   if (timeout.count() > 0) watchdog_.Arm(context_.get(), timeout);
   const bool got = stream_->Read(&buffer);
   if (timeout.count() > 0 && watchdog_.Disarm()) return ReadResult::kIdle;
   if (!got) return ReadResult::kEnded;
-  if (!grpc::SerializationTraits<v1::StreamResponse>::Deserialize(&buffer, msg).ok()) return ReadResult::kUnparsable;
+  // An inline part's bytes stay in the received slices (part_), copied once, into the batch.
+  if (!ParseStreamResponse(buffer, msg, part_.get(), split)) return ReadResult::kUnparsable;
+  if (*split) {
+    ++wire_stats_.parts;
+    if (part_->slices_spanned() > 1) ++wire_stats_.parts_in_pieces;
+  }
   return ReadResult::kMessage;
 }
 
 absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
   while (true) {
     v1::StreamResponse msg;
-    const ReadResult read = Read(&msg, options_.idle_timeout);
+    bool split = false;
+    const ReadResult read = Read(&msg, &split, options_.idle_timeout);
     if (read == ReadResult::kUnparsable) {
       return Abort(absl::InvalidArgumentError("the daemon sent a message that does not parse as a StreamResponse"));
     }
@@ -249,7 +256,8 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
       // Broken off, not wrong: resumable from the last cursor like a daemon that went away.
       return absl::UnavailableError(finished.message());
     }
-    auto event = reader_.Feed(std::move(msg));
+    auto event = reader_.Feed(std::move(msg), split ? part_.get() : nullptr);
+    part_->Release();  // the part is in the batch (or refused): gRPC's buffers go back
     if (!event.ok()) return Abort(event.status());
     switch (*event) {
       case StreamReader::Event::kNeedMore:
@@ -271,8 +279,11 @@ absl::StatusOr<bool> Subscription::Receive(ReceivedBatch* out) {
         // a call held open past the grace is cancelled, the data being complete.
         stream_->WritesDone();
         v1::StreamResponse after;
-        const ReadResult last = Read(&after, kEndGrace);
-        if (last == ReadResult::kMessage) return Abort(reader_.Feed(std::move(after)).status());
+        bool after_split = false;
+        const ReadResult last = Read(&after, &after_split, kEndGrace);
+        if (last == ReadResult::kMessage) {
+          return Abort(reader_.Feed(std::move(after), after_split ? part_.get() : nullptr).status());
+        }
         if (last == ReadResult::kUnparsable) {
           return Abort(absl::InvalidArgumentError("the daemon sent a message after the end of the stream"));
         }

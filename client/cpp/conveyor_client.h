@@ -41,6 +41,8 @@
 
 namespace conveyor {
 
+class SlicePart;  // proto/inline_wire.h
+
 template <typename T>
 struct DenseView {
   const T* data = nullptr;  // [rows][T][dim] (or [rows][dim] in frame mode)
@@ -150,6 +152,12 @@ class Subscription {
   const std::string& last_cursor() const { return last_cursor_; }
   // Ends the call; the daemon releases everything the subscription held.
   void Cancel();
+  // Inline parts received, and those of them that arrived in more than one gRPC slice
+  // (which the one copy into the batch puts together).
+  struct WireStats {
+    uint64_t parts = 0, parts_in_pieces = 0;
+  };
+  const WireStats& wire_stats() const { return wire_stats_; }
   // Shared-memory segments mapped so far (CUDA IPC blocks opened so far).
   size_t shared_segments() const { return segments_.size(); }
   size_t cuda_segments() const { return device_segments_.size(); }
@@ -167,7 +175,8 @@ class Subscription {
   absl::Status Abort(absl::Status why);
   // Reads the next message, cancelling the call if none comes within `timeout` (0: none).
   enum class ReadResult { kMessage, kEnded, kIdle, kUnparsable };
-  ReadResult Read(v1::StreamResponse* msg, std::chrono::milliseconds timeout);
+  // *split: the message's inline part is in part_, not in `msg`.
+  ReadResult Read(v1::StreamResponse* msg, bool* split, std::chrono::milliseconds timeout);
   // How long the call may stay open after the end of the stream (the daemon ends it at once).
   static constexpr std::chrono::milliseconds kEndGrace{2000};
   // Writes `request`; false when the write waited past the idle deadline (the call is then
@@ -183,6 +192,8 @@ class Subscription {
   const std::string token_;
   const ClientLimits limits_;
   StreamReader reader_;
+  std::unique_ptr<SlicePart> part_;  // the last message's inline part, in the slices it arrived in
+  WireStats wire_stats_;
   IdleWatchdog watchdog_;
   std::unique_ptr<grpc::ClientContext> context_;
   // Raw bytes both ways: the client parses the daemon's messages itself, so that one that

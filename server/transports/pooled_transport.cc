@@ -86,9 +86,9 @@ absl::StatusOr<std::unique_ptr<Transport::Destination>> PooledTransport::Reserve
 void PooledTransport::Describe(std::unique_ptr<Destination> destination, v1::StreamResponse first,
                                std::vector<OutgoingMessage>* out) {
   auto* d = static_cast<PooledDestination*>(destination.get());
-  for (auto& a : d->announcements) out->push_back(OutgoingMessage{std::move(a), nullptr, 0, 0});
+  for (auto& a : d->announcements) out->push_back(OutgoingMessage{std::move(a), nullptr, 0, 0, nullptr});
   Locate(d->segment, d->offset, first.mutable_batch());
-  out->push_back(OutgoingMessage{std::move(first), nullptr, 0, 0});
+  out->push_back(OutgoingMessage{std::move(first), nullptr, 0, 0, nullptr});
 }
 
 void PooledTransport::Release(uint64_t serial) {

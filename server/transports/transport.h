@@ -12,6 +12,8 @@
 #include <memory>
 #include <vector>
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/batch/assembler.h"
@@ -21,14 +23,25 @@
 
 namespace conveyor {
 
-// A message to write. An inline part carries its bytes by reference (`payload` keeps the
-// batch's buffer alive) and copies them in only when it is written, so a batch is held
-// once and its buffer is freed when its last part is written.
+// A message to write. An inline part carries its bytes by reference: `payload` keeps the
+// batch's buffer (and its share of the daemon's budget) alive until the part is written,
+// and Encode() sends the bytes from there, never copying them, so a batch is held once.
 struct OutgoingMessage {
   v1::StreamResponse message;
   std::shared_ptr<const std::byte> payload;  // null: `message` is complete as it is
   uint64_t offset = 0, size = 0;
-  // Copies the referenced part into the payload of `message` (a batch or a `more` part).
+  // What keeps the payload's memory itself valid, for as long as gRPC holds the slice that
+  // sends it (which may be a little past the write's completion, and past the stream):
+  // nothing else, in particular no budget the daemon may have destroyed by then. Null: the
+  // slice holds `payload`.
+  std::shared_ptr<const void> memory;
+  // The message as it goes on the wire: exactly the bytes of `message` with the referenced
+  // part as its payload's data (a batch's or a `more` part's), as protobuf serializes them,
+  // with the part itself a gRPC slice over the batch's buffer (no copy). Consumes
+  // `message`.
+  grpc::ByteBuffer Encode();
+  // Copies the referenced part into the payload of `message` (tests: the message Encode()
+  // writes the bytes of).
   void Materialize();
 };
 

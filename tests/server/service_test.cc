@@ -351,6 +351,42 @@ TEST(Service, RefusesMalformedRequests) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// The daemon parses the Stream's requests itself (the method is raw): bytes that are not a
+// StreamRequest end the call with INVALID_ARGUMENT, before or after the subscribe.
+TEST(Service, ARequestThatDoesNotParseIsInvalidArgument) {
+  Daemon d;
+  auto channel = grpc::CreateChannel(d.tcp(), grpc::InsecureChannelCredentials());
+  auto status = [&](bool subscribe_first) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    static const grpc::internal::RpcMethod kStream("/conveyor.v1.Loader/Stream",
+                                                   grpc::internal::RpcMethod::BIDI_STREAMING);
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), kStream,
+                                                                                               &ctx));
+    if (subscribe_first) {
+      grpc::ByteBuffer first;
+      bool own = false;
+      EXPECT_TRUE(grpc::SerializationTraits<v1::StreamRequest>::Serialize(SubscribeRequest(Sub("sparse", 10)), &first,
+                                                                          &own)
+                      .ok());
+      stream->Write(first);
+    }
+    const char garbage[] = {0x0a, 0x7f};  // a subscribe longer than the message
+    grpc::Slice slice(garbage, sizeof(garbage));
+    stream->Write(grpc::ByteBuffer(&slice, 1));
+    grpc::ByteBuffer ignored;
+    while (stream->Read(&ignored)) {
+    }
+    return stream->Finish();
+  };
+  for (bool subscribe_first : {false, true}) {
+    grpc::Status st = status(subscribe_first);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << subscribe_first;
+    EXPECT_EQ(st.error_message(), "a message that does not parse as a StreamRequest") << subscribe_first;
+  }
+}
+
 TEST(Service, ResumeFromACursorContinuesExactly) {
   Daemon d;
   auto client = Client::Connect(d.tcp());

@@ -2,6 +2,8 @@
 // before them, and when memory and budget are given back (server/transports/).
 #include "server/transports/transport.h"
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "server/shared_memory.h"
+#include "server/transports/inline_transport.h"
 #include "server/transports/pooled_transport.h"
 #include "tests/test_util.h"
 
@@ -97,6 +100,116 @@ TEST(InlineTransport, PartsReferenceOneBufferFreedWithTheLastOfThem) {
   EXPECT_EQ(budget.used(), 250u);  // the parts still hold the buffer
   out.clear();
   EXPECT_EQ(budget.used(), 0u);
+}
+
+// A descriptor with most of its fields set, some numbered after `payload` (17).
+v1::StreamResponse RichDescriptor(uint64_t serial) {
+  v1::StreamResponse first;
+  v1::BatchDescriptor* d = first.mutable_batch();
+  d->set_serial(serial);
+  d->set_epoch(3);
+  d->set_batch(7);
+  d->set_end_of_epoch(true);
+  d->set_cursor(std::string(300, 'c'));  // a length of two varint bytes
+  d->set_rows(4);
+  d->set_samples(4);
+  d->set_precision(v1::PRECISION_DOUBLE);
+  for (int i = 0; i < 200; ++i) d->mutable_pieces()->add_row(i);
+  return first;
+}
+
+std::string Flatten(const grpc::ByteBuffer& b) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(b.Dump(&slices).ok());
+  std::string s;
+  for (const grpc::Slice& x : slices) s.append(reinterpret_cast<const char*>(x.begin()), x.size());
+  return s;
+}
+
+// Encode() writes exactly protobuf's bytes of the message with its part as the payload's data
+// (the Python client parses them with protobuf), the part itself from the batch's buffer.
+TEST(InlineTransport, EncodedPartsAreProtobufsBytesSentFromTheBuffer) {
+  for (uint64_t total : {0u, 1u, 100u, 250u, 20000u}) {
+    ServiceOptions o;
+    o.inline_part_bytes = total > 1000 ? 16384 : 100;
+    MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+    auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto d = (*t)->Reserve(5, total);
+    ASSERT_TRUE(d.ok()) << d.status();
+    const std::byte* data = (*d)->bytes.data();
+    for (size_t i = 0; i < total; ++i) (*d)->bytes[i] = static_cast<std::byte>(i * 7);
+    v1::StreamResponse first = RichDescriptor(5);
+    first.mutable_batch()->set_total_bytes(total);
+    std::vector<OutgoingMessage> out;
+    (*t)->Describe(std::move(*d), first, &out);
+    std::vector<grpc::ByteBuffer> wire;
+    for (OutgoingMessage& m : out) {
+      OutgoingMessage copy{m.message, m.payload, m.offset, m.size, m.memory};
+      copy.Materialize();
+      wire.push_back(m.Encode());
+      EXPECT_EQ(Flatten(wire.back()), copy.message.SerializeAsString()) << total << " bytes, part at " << m.offset;
+      // The part's bytes are a slice over the buffer itself.
+      std::vector<grpc::Slice> slices;
+      ASSERT_TRUE(wire.back().Dump(&slices).ok());
+      bool in_place = m.size == 0;
+      for (const grpc::Slice& x : slices) {
+        in_place |= reinterpret_cast<const std::byte*>(x.begin()) == data + m.offset && x.size() == m.size;
+      }
+      EXPECT_TRUE(in_place) << total << " bytes, part at " << m.offset;
+    }
+    // Written (the messages gone), the budget is back; the pages live while gRPC holds them.
+    out.clear();
+    EXPECT_EQ(budget.used(), 0u);
+    std::string all;
+    v1::StreamResponse r;
+    for (const grpc::ByteBuffer& b : wire) {
+      ASSERT_TRUE(r.ParseFromString(Flatten(b)));
+      all += r.has_batch() ? r.batch().payload().data() : r.more().payload().data();
+    }
+    ASSERT_EQ(all.size(), total);
+    for (size_t i = 0; i < total; ++i) ASSERT_EQ(static_cast<unsigned char>(all[i]), (i * 7) & 0xff);
+  }
+}
+
+TEST(InlineTransport, ABatchsPagesAreReusedOnceGRPCLetsGoOfThem) {
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 24);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto* inline_transport = static_cast<InlineTransport*>(t->get());
+  auto a = (*t)->Reserve(0, 100000);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::byte* pages = (*a)->bytes.data();
+  std::vector<OutgoingMessage> out;
+  (*t)->Describe(std::move(*a), Descriptor(), &out);
+  grpc::ByteBuffer sent = out[0].Encode();
+  out.clear();  // written: the budget is back, the slice still holds the pages
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_EQ(inline_transport->idle_buffers(), 0u);
+  auto b = (*t)->Reserve(1, 1000);  // new pages, the first batch's being in use
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE((*b)->bytes.data(), pages);
+  sent.Clear();  // gRPC lets go
+  EXPECT_EQ(inline_transport->idle_buffers(), 1u);
+  auto c = (*t)->Reserve(2, 90000);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->bytes.data(), pages);
+  EXPECT_EQ(inline_transport->idle_buffers(), 0u);
+  EXPECT_EQ(budget.used(), 91000u);
+}
+
+TEST(Transport, MessagesWithoutAPartEncodeAsProtobufDoes) {
+  OutgoingMessage end{v1::StreamResponse(), nullptr, 0, 0, nullptr};
+  end.message.mutable_end()->set_cursor("abc");
+  end.message.mutable_end()->set_batches(9);
+  const std::string expected = end.message.SerializeAsString();
+  EXPECT_EQ(Flatten(end.Encode()), expected);
+  OutgoingMessage shm{RichDescriptor(1), nullptr, 0, 0, nullptr};
+  shm.message.mutable_batch()->mutable_shm()->set_segment(2);
+  shm.message.mutable_batch()->mutable_shm()->set_offset(4096);
+  const std::string expected_shm = shm.message.SerializeAsString();
+  EXPECT_EQ(Flatten(shm.Encode()), expected_shm);
 }
 
 class ShmTransportTest : public ::testing::Test {
