@@ -67,8 +67,9 @@ void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces
     }
     const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
     if (ne == nb) continue;  // (an empty vector's data() may be null: no memcpy from it)
-    std::memcpy(rowind + nnz, ps.indices.data() + nb, (ne - nb) * sizeof(int32_t));
-    std::memcpy(values + nnz, ps.values<T>().data() + nb, (ne - nb) * sizeof(T));
+    // From the chunk's columns, or from the mapped file where the entries lie (CBF).
+    std::memcpy(rowind + nnz, ps.SparseIndexBytes(p.slot, nb), (ne - nb) * sizeof(int32_t));
+    std::memcpy(values + nnz, ps.SparseValueBytes(p.slot, nb, sizeof(T)), (ne - nb) * sizeof(T));
     nnz += ne - nb;
   }
   if (end == order.size()) fill_to(plan.shape.rows * T_len + 1);
@@ -214,9 +215,17 @@ class StreamAssembly {
         continue;
       }
       // A sparse stream asked for as dense: scatter, summing repeated indices in file order.
-      const T* v = ps.values<T>().data();
-      for (uint32_t t = 0; t < c; ++t, at += row_values) {
-        for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
+      if (ps.sparse_values_in_place.empty()) {
+        const T* v = ps.values<T>().data();
+        for (uint32_t t = 0; t < c; ++t, at += row_values) {
+          for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
+        }
+      } else {  // entries where they lie in the mapped file (any alignment)
+        for (uint32_t t = 0; t < c; ++t, at += row_values) {
+          for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) {
+            at[ps.SparseIndex(p.slot, k)] += ps.template SparseValue<T>(p.slot, k);
+          }
+        }
       }
     }
     if (run_bytes > 0) std::memcpy(run_dst, run_src, run_bytes);
