@@ -39,11 +39,6 @@ void AddCopy(std::vector<CopyItem>* copies, uint64_t src, uint64_t dst, uint64_t
   }
 }
 
-const void* ValuesAt(const ParsedStream& ps, Precision precision, uint64_t index) {
-  if (precision == Precision::kFloat) return ps.values_f32.data() + index;
-  return ps.values_f64.data() + index;
-}
-
 // Header bytes before a compressed matrix's data: marker "\0B", token "CM " or "CM2 "/"CM3 ",
 // the 16-byte global header.
 constexpr uint64_t kCm1Data = 2 + 3 + 16, kCm23Data = 2 + 4 + 16;
@@ -245,18 +240,19 @@ class ProgramBuilder {
       const uint64_t bytes = uint64_t{c} * L.dim * vb_;
       AddCopy(&prog_.copies, Pack(ps.DenseSamples(p.slot, b, vb_), bytes), L.values.offset + col * L.dim * vb_, bytes);
     } else {
-      AddSparsePiece(s, ps, b, c, col);
+      AddSparsePiece(s, ps, p.slot, b, c, col);
     }
   }
 
   // Samples [b, b + c) of sparse stream s landing at column `col`: summed into dense rows
   // (ScatterOps) or placed into the CSC (CscPieceOps).
-  void AddSparsePiece(size_t s, const ParsedStream& ps, uint64_t b, uint32_t c, uint64_t col) {
+  void AddSparsePiece(size_t s, const ParsedStream& ps, uint32_t slot, uint64_t b, uint32_t c, uint64_t col) {
     const StreamLayout& L = plan_.streams[s];
     const uint64_t nb = ps.nnz_begin[b], nnz = ps.nnz_begin[b + c] - nb;
     if (nnz == 0) return;
-    const uint64_t rowind = Pack(ps.indices.data() + nb, nnz * 4);
-    const uint64_t values = Pack(ValuesAt(ps, prog_.precision, nb), nnz * vb_);
+    // From the chunk's columns, or from the mapped file where the entries lie (CBF).
+    const uint64_t rowind = Pack(ps.SparseIndexBytes(slot, nb), nnz * 4);
+    const uint64_t values = Pack(ps.SparseValueBytes(slot, nb, vb_), nnz * vb_);
     if (L.dense_values()) {
       for (uint32_t t = 0; t < c; ++t) {
         const uint64_t k0 = ps.nnz_begin[b + t] - nb, n = ps.nnz_begin[b + t + 1] - ps.nnz_begin[b + t];

@@ -141,19 +141,19 @@ int RunBench(const BenchArgs& args) {
   if (!stream.ok()) return Fail(stream.status());
   Loader* loader = stream->loader.get();
   const Dataset* ds = stream->dataset.get();
-  Batch batch;
   uint64_t samples = 0, batches = 0, batch_bytes = 0;
   double first_batch = -1;
   const auto t0 = std::chrono::steady_clock::now();
-  while (true) {
-    auto more = loader->Next(&batch);
-    if (!more.ok()) return Fail(more.status());
-    if (!*more) break;
+  // Two batches in flight when parser threads help assemble: batch k+1 is planned while
+  // they assemble batch k.
+  absl::Status read = RunWithOwnBuffers(loader, [&](const Batch& batch) {
     if (first_batch < 0) first_batch = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_open).count();
     samples += batch.plan.num_samples;
     batch_bytes += batch.plan.total_bytes;
     ++batches;
-  }
+    return absl::OkStatus();
+  });
+  if (!read.ok()) return Fail(read);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const uint64_t bytes = ds->file_bytes() * args.stream.epochs;
   if (!args.json) {

@@ -184,12 +184,15 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   auto request = args.ToRequest();
   if (!request.ok()) return request.status();
   s.request = *request;
-  // With the CUDA assembler, Kaldi compressed matrices are decoded on the device.
+  // Kaldi compressed matrices stay compressed in the chunks and are decoded straight into
+  // the batch at assembly: by the device with the CUDA assembler, and by the CPU assembler
+  // (one pass instead of decode into the chunk, then copy) unless frames are asked for, whose
+  // one-row pieces decode faster whole at parse (bench/RESULTS.md, issue 19).
   std::string note;
   s.assembler = args.assembler == "cuda" ? SelectAssembler(true, args.device, &note) : MakeCpuAssembler();
   const bool on_device = std::string(s.assembler->name()) == "cuda";
   if (!note.empty()) std::fprintf(stderr, "conveyor: %s\n", note.c_str());
-  auto ds = OpenWithProgress(*dc, request->threads, on_device);
+  auto ds = OpenWithProgress(*dc, request->threads, on_device || !request->frame_mode.value_or(dc->frame_mode));
   if (!ds.ok()) return ds.status();
   s.dataset = std::move(*ds);
   auto resolved = ResolveStream(*s.dataset, s.request);

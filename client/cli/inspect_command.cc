@@ -76,7 +76,7 @@ int ParseEveryChunk(Dataset* ds, int threads, DatasetReport* report) {
     for (size_t s = 0; s < totals.size(); ++s) {
       const ParsedStream& ps = (*chunk)->streams[s];
       totals[s].samples += ps.total_samples();
-      if (ps.format == StreamFormat::kSparse) totals[s].nnz += ps.indices.size();
+      if (ps.format == StreamFormat::kSparse) totals[s].nnz += ps.total_entries();
       for (uint64_t q = 0; q < (*chunk)->num_sequences(); ++q)
         totals[s].sequences_with_samples += ps.num_samples(q) > 0;
     }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -13,6 +14,18 @@
 #include "common/batch/batch_layout.h"
 
 namespace conveyor {
+
+// Threads an assembler may borrow to split one batch's work (ranges of a stream's pieces)
+// without changing a byte of it: the loader lends its parser pool, whose threads help when
+// they have no chunk to parse, so the pool stays the bound on CPU. Thread-safe.
+class AssemblyHelpers {
+ public:
+  virtual ~AssemblyHelpers() = default;
+  // Threads that could help now (idle ones; 0: the assembler works alone).
+  virtual int idle() const = 0;
+  // Runs `job` on one of the threads, after the jobs submitted before it.
+  virtual void Submit(std::function<void()> job) = 0;
+};
 
 class BatchAssembler {
  public:
@@ -44,6 +57,10 @@ class BatchAssembler {
     (void)fence;
     return absl::OkStatus();
   }
+  // Threads this assembler may borrow to split a batch (nullptr: none; the default ignores
+  // them). The Loader sets its parser pool here while it uses the assembler and clears it
+  // when it goes: an assembler serves one Loader at a time. `helpers` must outlive that use.
+  virtual void set_helpers(AssemblyHelpers* helpers) { (void)helpers; }
 
  private:
   uint64_t assembled_ = 0;
@@ -53,8 +70,20 @@ class BatchAssembler {
 // first check).
 absl::Status CheckSlotSize(const BatchPlan& plan, size_t slot_bytes);
 
-// The CPU reference assembler. Stateless and thread-safe (Assemble(); Begin() is not).
-std::unique_ptr<BatchAssembler> MakeCpuAssembler();
+// The CPU reference assembler. Assemble(), Begin() and Wait() from one thread at a time.
+// With helpers (set_helpers) and some of them idle, a batch's streams are cut into ranges of
+// pieces, each writing bytes no other range writes, so the output is the same for any number
+// of threads; Begin() then hands the ranges to the helpers and returns (pipelined() is true),
+// and Wait() takes the ranges no helper has started yet onto the calling thread.
+struct CpuAssemblerOptions {
+  // Batches smaller than this are assembled on the calling thread alone.
+  uint64_t min_parallel_bytes = 512 << 10;
+  // About this many bytes of a stream's output a range (a task for one thread).
+  uint64_t range_bytes = 256 << 10;
+  // Helpers used at most, besides the calling thread.
+  int max_helpers = 64;
+};
+std::unique_ptr<BatchAssembler> MakeCpuAssembler(const CpuAssemblerOptions& options = {});
 
 // Runs `inner`'s Assemble() on a worker thread of its own, in the order begun: Begin()
 // returns at once, Wait() blocks until that batch is written. For the CPU assembler, this

@@ -1,7 +1,15 @@
-// The CPU reference assembler: straight copies out of the parsed columns.
+// The CPU reference assembler: straight copies out of the parsed columns, split into ranges
+// of pieces over borrowed threads when it has helpers (assembler.h).
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/batch/assembler.h"
@@ -22,24 +30,32 @@ std::vector<uint32_t> ColumnOrder(absl::Span<const PieceRef> pieces) {
   return order;
 }
 
-// Sparse CSC of stream `s`: one column per (row, step); steps no piece covers are empty
-// columns. colptr is int64 when `wide`, else int32.
+// Where a range of a CSC stream's pieces (in column order) starts writing: its first
+// column and its first entry.
+struct CscStart {
+  uint64_t col = 0, nnz = 0;
+};
+
+// Sparse CSC of stream `s`, the pieces order[begin, end) of it, starting at `at`: their
+// columns (one per (row, step)) and the empty columns before each (steps no piece covers);
+// the range that ends the order also writes the empty columns after it and the closing
+// entry. colptr is int64 when `wide`, else int32.
 template <typename T>
 void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces, const std::vector<uint32_t>& order,
-              bool wide, void* colptr_out, int32_t* rowind, T* values) {
+              size_t begin, size_t end, CscStart at, bool wide, void* colptr_out, int32_t* rowind, T* values) {
   const StreamLayout& L = plan.streams[s];
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
   auto* colptr32 = static_cast<int32_t*>(colptr_out);
   auto* colptr64 = static_cast<int64_t*>(colptr_out);
-  uint64_t col = 0, nnz = 0;
+  uint64_t col = at.col, nnz = at.nnz;
   auto fill_to = [&](uint64_t end_col) {  // empty columns up to end_col
     for (; col < end_col; ++col) {
       if (wide) colptr64[col] = static_cast<int64_t>(nnz);
       else colptr32[col] = static_cast<int32_t>(nnz);
     }
   };
-  for (uint32_t i : order) {
-    const PieceRef& p = pieces[i];
+  for (size_t o = begin; o < end; ++o) {
+    const PieceRef& p = pieces[order[o]];
     const ParsedStream& ps = p.chunk->streams[s];
     uint64_t b;
     const uint32_t c = PieceSamples(p, s, &b);
@@ -51,73 +67,141 @@ void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces
     }
     const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
     if (ne == nb) continue;  // (an empty vector's data() may be null: no memcpy from it)
-    std::memcpy(rowind + nnz, ps.indices.data() + nb, (ne - nb) * sizeof(int32_t));
-    std::memcpy(values + nnz, ps.values<T>().data() + nb, (ne - nb) * sizeof(T));
+    // From the chunk's columns, or from the mapped file where the entries lie (CBF).
+    std::memcpy(rowind + nnz, ps.SparseIndexBytes(p.slot, nb), (ne - nb) * sizeof(int32_t));
+    std::memcpy(values + nnz, ps.SparseValueBytes(p.slot, nb, sizeof(T)), (ne - nb) * sizeof(T));
     nnz += ne - nb;
   }
-  fill_to(plan.shape.rows * T_len + 1);
+  if (end == order.size()) fill_to(plan.shape.rows * T_len + 1);
 }
 
-template <typename T>
-void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
-                    const std::vector<uint32_t>& order, std::byte* dst) {
+// The start of every range of a CSC stream whose pieces (in column order) are cut at
+// `cuts` (cuts.front() == 0, cuts.back() == order.size()): one pass over the pieces' entry
+// counts.
+std::vector<CscStart> CscStarts(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
+                                const std::vector<uint32_t>& order, const std::vector<size_t>& cuts) {
   const StreamLayout& L = plan.streams[s];
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
-  const uint64_t rows = plan.shape.rows;
-  if (L.lengths.present()) {
-    auto* lengths = reinterpret_cast<int32_t*>(dst + L.lengths.offset);
-    std::memset(lengths, 0, rows * sizeof(int32_t));
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const int32_t end = static_cast<int32_t>(pieces[i].t0 + plan.count(i, s));
-      lengths[pieces[i].row] = std::max(lengths[pieces[i].row], end);
-    }
+  std::vector<CscStart> starts(cuts.size() - 1);
+  CscStart at;
+  size_t r = 0;
+  for (size_t o = 0; o < order.size(); ++o) {
+    while (r < starts.size() && cuts[r] == o) starts[r++] = at;
+    const PieceRef& p = pieces[order[o]];
+    const ParsedStream& ps = p.chunk->streams[s];
+    uint64_t b;
+    const uint32_t c = PieceSamples(p, s, &b);
+    at.nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
+    at.col = std::max(at.col, p.row * T_len + p.t0 + c);  // (pieces in column order: the last one's end)
   }
-  if (L.ids()) {
-    auto* out = reinterpret_cast<int32_t*>(dst + L.values.offset);
-    std::memset(out, 0, L.values.bytes);
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const PieceRef& p = pieces[i];
-      uint64_t b;
-      const uint32_t c = PieceSamples(p, s, &b);
-      if (c == 0) continue;
-      std::memcpy(out + p.row * T_len + p.t0, p.chunk->streams[s].indices.data() + b, c * sizeof(int32_t));
-    }
-    return;
-  }
-  if (L.dense_values()) {
-    T* out = reinterpret_cast<T*>(dst + L.values.offset);
-    const uint64_t row_values = L.dim;
-    // Pieces never overlap: when they cover every (row, step) there is no padding to zero.
-    // When each row holds one piece from step 0 (sequence mode without BPTT), only each
-    // row's tail past its piece is padding. Otherwise the whole array is zeroed first.
-    uint64_t covered = 0;
-    bool one_piece_a_row = L.format == StreamFormat::kDense && pieces.size() == rows && plan.shape.steps == 0;
-    if (L.format == StreamFormat::kDense) {
-      for (size_t i = 0; i < pieces.size(); ++i) {
-        covered += plan.count(i, s);
-        one_piece_a_row = one_piece_a_row && pieces[i].t0 == 0;
+  while (r < starts.size()) starts[r++] = at;
+  return starts;
+}
+
+// One stream's share of a batch, made in two steps: Prepare (on the calling thread: lengths,
+// what must be zeroed, where ranges start) and Range (any thread: pieces [cuts[r],
+// cuts[r+1]) of the stream, in column order for CSC). Ranges write disjoint bytes: dense
+// and ids pieces own their (row, step) cells, CSC ranges their columns and entries; a CSR
+// stream is one range. So the bytes are the same however the ranges are cut or scheduled.
+template <typename T>
+class StreamAssembly {
+ public:
+  StreamAssembly(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
+                 const std::vector<uint32_t>& order, std::byte* dst)
+      : plan_(plan), s_(s), pieces_(pieces), order_(order), dst_(dst), L_(plan.streams[s]),
+        T_len_(L_.sequence_axis ? L_.max_length : 1) {}
+
+  // Writes the lengths; appends to `zero` the arrays to clear before any range runs; cuts
+  // the pieces into ranges of about `range_bytes` of output each (at most `max_ranges`).
+  void Prepare(uint64_t range_bytes, size_t max_ranges, std::vector<absl::Span<std::byte>>* zero) {
+    const uint64_t rows = plan_.shape.rows;
+    if (L_.lengths.present()) {
+      auto* lengths = reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset);
+      std::memset(lengths, 0, rows * sizeof(int32_t));
+      for (size_t i = 0; i < pieces_.size(); ++i) {
+        const int32_t end = static_cast<int32_t>(pieces_[i].t0 + plan_.count(i, s_));
+        lengths[pieces_[i].row] = std::max(lengths[pieces_[i].row], end);
       }
     }
-    const bool zero_tails = covered != rows * T_len && one_piece_a_row;
-    if (covered != rows * T_len && !one_piece_a_row) std::memset(out, 0, L.values.bytes);
+    uint64_t out_bytes = L_.values.bytes;
+    if (L_.ids()) {
+      zero->push_back(absl::MakeSpan(dst_ + L_.values.offset, L_.values.bytes));
+    } else if (L_.dense_values()) {
+      // Pieces never overlap: when they cover every (row, step) there is no padding to zero.
+      // When each row holds one piece from step 0 (sequence mode without BPTT), only each
+      // row's tail past its piece is padding (zeroed by its piece's range). Otherwise the
+      // whole array is zeroed first.
+      uint64_t covered = 0;
+      bool one_piece_a_row = L_.format == StreamFormat::kDense && pieces_.size() == rows && plan_.shape.steps == 0;
+      if (L_.format == StreamFormat::kDense) {
+        for (size_t i = 0; i < pieces_.size(); ++i) {
+          covered += plan_.count(i, s_);
+          one_piece_a_row = one_piece_a_row && pieces_[i].t0 == 0;
+        }
+      }
+      zero_tails_ = covered != rows * T_len_ && one_piece_a_row;
+      if (covered != rows * T_len_ && !one_piece_a_row) {
+        zero->push_back(absl::MakeSpan(dst_ + L_.values.offset, L_.values.bytes));
+      }
+    } else if (L_.csr()) {
+      max_ranges = 1;  // built whole: CSC, then a stable transpose
+    } else {
+      out_bytes += L_.colptr.bytes + L_.rowind.bytes;
+    }
+    const size_t n = pieces_.size();
+    size_t ranges = static_cast<size_t>(std::min<uint64_t>(out_bytes / std::max<uint64_t>(range_bytes, 1) + 1, max_ranges));
+    ranges = std::max<size_t>(1, std::min(ranges, n));
+    cuts_.resize(ranges + 1);
+    for (size_t r = 0; r <= ranges; ++r) cuts_[r] = n * r / ranges;
+    if (L_.csc()) csc_starts_ = CscStarts(plan_, s_, pieces_, order_, cuts_);
+  }
+
+  size_t ranges() const { return cuts_.size() - 1; }
+
+  void Range(size_t r) {
+    const size_t begin = cuts_[r], end = cuts_[r + 1];
+    if (L_.ids()) {
+      auto* out = reinterpret_cast<int32_t*>(dst_ + L_.values.offset);
+      for (size_t i = begin; i < end; ++i) {
+        const PieceRef& p = pieces_[i];
+        uint64_t b;
+        const uint32_t c = PieceSamples(p, s_, &b);
+        if (c == 0) continue;
+        std::memcpy(out + p.row * T_len_ + p.t0, p.chunk->streams[s_].indices.data() + b, c * sizeof(int32_t));
+      }
+    } else if (L_.dense_values()) {
+      Dense(begin, end);
+    } else if (L_.csc()) {
+      BuildCsc<T>(plan_, s_, pieces_, order_, begin, end, csc_starts_[r], L_.colptr.dtype == DType::kInt64,
+                  dst_ + L_.colptr.offset, reinterpret_cast<int32_t*>(dst_ + L_.rowind.offset),
+                  reinterpret_cast<T*>(dst_ + L_.values.offset));
+    } else {
+      Csr();
+    }
+  }
+
+ private:
+  void Dense(size_t begin, size_t end) {
+    T* out = reinterpret_cast<T*>(dst_ + L_.values.offset);
+    const uint64_t row_values = L_.dim;
     // Dense copies: a piece whose source and destination both continue the previous one's
     // (consecutive sequences lying back to back in a chunk or a mapped file) extends one copy.
     const std::byte* run_src = nullptr;
     std::byte* run_dst = nullptr;
     size_t run_bytes = 0;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const PieceRef& p = pieces[i];
-      const ParsedStream& ps = p.chunk->streams[s];
+    for (size_t i = begin; i < end; ++i) {
+      const PieceRef& p = pieces_[i];
+      const ParsedStream& ps = p.chunk->streams[s_];
       uint64_t b;
-      const uint32_t c = PieceSamples(p, s, &b);
-      T* at = out + (p.row * T_len + p.t0) * row_values;
-      if (zero_tails && c < T_len) std::memset(at + c * row_values, 0, (T_len - c) * row_values * sizeof(T));
+      const uint32_t c = PieceSamples(p, s_, &b);
+      T* at = out + (p.row * T_len_ + p.t0) * row_values;
+      if (zero_tails_ && c < T_len_) std::memset(at + c * row_values, 0, (T_len_ - c) * row_values * sizeof(T));
       if (c == 0) continue;
-      if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
+      if (L_.format == StreamFormat::kDense && !ps.compressed.empty()) {
         ps.DecodeDense<T>(p.slot, b, c, at);  // Kaldi CM, CM2, CM3 left compressed
         continue;
       }
-      if (L.format == StreamFormat::kDense) {
+      if (L_.format == StreamFormat::kDense) {
         const std::byte* src = ps.DenseSamples(p.slot, b, sizeof(T));
         const size_t n = c * row_values * sizeof(T);
         if (run_bytes > 0 && src == run_src + run_bytes && reinterpret_cast<std::byte*>(at) == run_dst + run_bytes) {
@@ -131,44 +215,61 @@ void AssembleStream(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> 
         continue;
       }
       // A sparse stream asked for as dense: scatter, summing repeated indices in file order.
-      const T* v = ps.values<T>().data();
-      for (uint32_t t = 0; t < c; ++t, at += row_values) {
-        for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
+      if (ps.sparse_values_in_place.empty()) {
+        const T* v = ps.values<T>().data();
+        for (uint32_t t = 0; t < c; ++t, at += row_values) {
+          for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) at[ps.indices[k]] += v[k];
+        }
+      } else {  // entries where they lie in the mapped file (any alignment)
+        for (uint32_t t = 0; t < c; ++t, at += row_values) {
+          for (uint64_t k = ps.nnz_begin[b + t]; k < ps.nnz_begin[b + t + 1]; ++k) {
+            at[ps.SparseIndex(p.slot, k)] += ps.template SparseValue<T>(p.slot, k);
+          }
+        }
       }
     }
     if (run_bytes > 0) std::memcpy(run_dst, run_src, run_bytes);
-    return;
   }
-  if (L.csc()) {
-    BuildCsc<T>(plan, s, pieces, order, L.colptr.dtype == DType::kInt64, dst + L.colptr.offset,
-                reinterpret_cast<int32_t*>(dst + L.rowind.offset), reinterpret_cast<T*>(dst + L.values.offset));
-    return;
-  }
+
   // CSR of the same matrix: build CSC, then count entries per row and place each column's
   // entries in column order (a stable transpose).
-  const uint64_t cols = L.columns(rows);
-  std::vector<int64_t> colptr(cols + 1);
-  std::vector<int32_t> rowind(L.nnz);
-  std::vector<T> csc_values(L.nnz);
-  BuildCsc<T>(plan, s, pieces, order, true, colptr.data(), rowind.data(), csc_values.data());
-  std::vector<uint64_t> next(uint64_t{L.dim} + 1, 0);
-  for (int32_t r : rowind) ++next[static_cast<uint64_t>(r) + 1];
-  for (uint64_t r = 0; r < L.dim; ++r) next[r + 1] += next[r];
-  const bool wide = L.rowptr.dtype == DType::kInt64;
-  for (uint64_t r = 0; r <= L.dim; ++r) {
-    if (wide) reinterpret_cast<int64_t*>(dst + L.rowptr.offset)[r] = static_cast<int64_t>(next[r]);
-    else reinterpret_cast<int32_t*>(dst + L.rowptr.offset)[r] = static_cast<int32_t>(next[r]);
-  }
-  auto* colind = reinterpret_cast<int32_t*>(dst + L.colind.offset);
-  T* values = reinterpret_cast<T*>(dst + L.values.offset);
-  for (uint64_t c = 0; c < cols; ++c) {
-    for (int64_t k = colptr[c]; k < colptr[c + 1]; ++k) {
-      const uint64_t at = next[static_cast<uint64_t>(rowind[k])]++;
-      colind[at] = static_cast<int32_t>(c);
-      values[at] = csc_values[k];
+  void Csr() {
+    const uint64_t cols = L_.columns(plan_.shape.rows);
+    std::vector<int64_t> colptr(cols + 1);
+    std::vector<int32_t> rowind(L_.nnz);
+    std::vector<T> csc_values(L_.nnz);
+    BuildCsc<T>(plan_, s_, pieces_, order_, 0, order_.size(), CscStart{}, true, colptr.data(), rowind.data(),
+                csc_values.data());
+    std::vector<uint64_t> next(uint64_t{L_.dim} + 1, 0);
+    for (int32_t r : rowind) ++next[static_cast<uint64_t>(r) + 1];
+    for (uint64_t r = 0; r < L_.dim; ++r) next[r + 1] += next[r];
+    const bool wide = L_.rowptr.dtype == DType::kInt64;
+    for (uint64_t r = 0; r <= L_.dim; ++r) {
+      if (wide) reinterpret_cast<int64_t*>(dst_ + L_.rowptr.offset)[r] = static_cast<int64_t>(next[r]);
+      else reinterpret_cast<int32_t*>(dst_ + L_.rowptr.offset)[r] = static_cast<int32_t>(next[r]);
+    }
+    auto* colind = reinterpret_cast<int32_t*>(dst_ + L_.colind.offset);
+    T* values = reinterpret_cast<T*>(dst_ + L_.values.offset);
+    for (uint64_t c = 0; c < cols; ++c) {
+      for (int64_t k = colptr[c]; k < colptr[c + 1]; ++k) {
+        const uint64_t at = next[static_cast<uint64_t>(rowind[k])]++;
+        colind[at] = static_cast<int32_t>(c);
+        values[at] = csc_values[k];
+      }
     }
   }
-}
+
+  const BatchPlan& plan_;
+  const size_t s_;
+  const absl::Span<const PieceRef> pieces_;
+  const std::vector<uint32_t>& order_;
+  std::byte* const dst_;
+  const StreamLayout& L_;
+  const uint64_t T_len_;
+  bool zero_tails_ = false;
+  std::vector<size_t> cuts_{0, 0};
+  std::vector<CscStart> csc_starts_;
+};
 
 // Zeroes the alignment gaps between `plan`'s arrays (and the tail), so every byte is defined.
 void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
@@ -191,41 +292,67 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
   std::memset(dst + cursor, 0, plan.total_bytes - cursor);
 }
 
-class CpuAssembler final : public BatchAssembler {
+// Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
+// runs once. A job that starts after the last task was taken returns at once, so Join()
+// never waits for a helper busy with other work, only for tasks already running.
+class TaskGroup {
  public:
-  const char* name() const override { return "cpu"; }
+  TaskGroup(size_t n, std::function<void(size_t)> task) : n_(n), task_(std::move(task)) {}
 
-  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
-                        absl::Span<std::byte> dst) override {
-    RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
-    if (!NarrowsValues(plan)) {
-      AssembleInto(plan, pieces, dst.data());
-      return absl::OkStatus();
-    }
-    // Float16/bfloat16 values (value_conversion.h): the float32 twin, then narrowed.
-    const BatchPlan wide = WidePlan(plan);
-    wide_.resize(wide.total_bytes);
-    AssembleInto(wide, pieces, wide_.data());
-    ZeroGaps(plan, dst.data());
-    for (const NarrowOp& op : NarrowOps(wide, plan)) {
-      for (uint64_t i = 0; i < op.count; ++i) NarrowElement(op, i, wide_.data(), dst.data());
-    }
-    return absl::OkStatus();
+  static std::shared_ptr<TaskGroup> Start(AssemblyHelpers* helpers, int workers, size_t n,
+                                          std::function<void(size_t)> task) {
+    auto group = std::make_shared<TaskGroup>(n, std::move(task));
+    const size_t jobs = std::min<size_t>(n, static_cast<size_t>(std::max(0, workers)));
+    for (size_t j = 0; j < jobs; ++j) helpers->Submit([group] { group->Work(); });
+    return group;
+  }
+
+  // Runs the tasks left on this thread; returns when every task has returned.
+  void Join() {
+    Work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return running_ == 0; });
   }
 
  private:
-  void AssembleInto(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* out) {
-    absl::Span<std::byte> dst(out, plan.total_bytes);
-    ZeroGaps(plan, dst.data());
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (next_ < n_) {
+      const size_t i = next_++;
+      ++running_;
+      lock.unlock();
+      task_(i);
+      lock.lock();
+      if (--running_ == 0 && next_ >= n_) done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable done_;
+  const size_t n_;
+  size_t next_ = 0, running_ = 0;
+  const std::function<void(size_t)> task_;
+};
+
+// A batch cut into ranges (see StreamAssembly), from its plan: made on the calling thread,
+// its ranges run by any.
+template <typename T>
+class BatchWork {
+ public:
+  // Writes the gaps, mask and flags, and lengths, and zeroes what must be zeroed (in
+  // slices run by `run`); `workers` > 1 cuts streams into ranges of about `range_bytes`.
+  BatchWork(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* dst, int workers,
+            uint64_t range_bytes, const std::function<void(size_t, const std::function<void(size_t)>&)>& run) {
+    ZeroGaps(plan, dst);
     if (plan.mask.present()) {
-      const uint64_t T = plan.shape.steps;
-      auto* mask = reinterpret_cast<uint8_t*>(dst.data() + plan.mask.offset);
-      auto* flags = reinterpret_cast<uint8_t*>(dst.data() + plan.flags.offset);
+      const uint64_t steps = plan.shape.steps;
+      auto* mask = reinterpret_cast<uint8_t*>(dst + plan.mask.offset);
+      auto* flags = reinterpret_cast<uint8_t*>(dst + plan.flags.offset);
       std::memset(mask, 0, plan.mask.bytes);
       std::memset(flags, 0, plan.flags.bytes);
       for (size_t i = 0; i < pieces.size(); ++i) {
         const uint32_t c = plan.pieces[i].longest;
-        const uint64_t at = pieces[i].row * T + pieces[i].t0;
+        const uint64_t at = pieces[i].row * steps + pieces[i].t0;
         std::memset(mask + at, 1, c);
         if (c > 0 && pieces[i].begins) flags[at] |= 1;
         if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
@@ -233,17 +360,163 @@ class CpuAssembler final : public BatchAssembler {
     }
     bool sparse_out = false;  // CSC/CSR streams need the pieces in column order
     for (const StreamLayout& L : plan.streams) sparse_out |= !L.ids() && !L.dense_values();
-    const std::vector<uint32_t> order = sparse_out ? ColumnOrder(pieces) : std::vector<uint32_t>();
+    if (sparse_out) order_ = ColumnOrder(pieces);
+    // Alone: one range a stream. With helpers: ranges of about range_bytes, a few per worker.
+    if (workers <= 1) range_bytes = UINT64_MAX;
+    const size_t max_ranges = workers > 1 ? static_cast<size_t>(4 * workers) : 1;
+    streams_.reserve(plan.streams.size());
+    std::vector<absl::Span<std::byte>> zero;
     for (size_t s = 0; s < plan.streams.size(); ++s) {
-      if (plan.precision == Precision::kFloat) {
-        AssembleStream<float>(plan, s, pieces, order, dst.data());
-      } else {
-        AssembleStream<double>(plan, s, pieces, order, dst.data());
+      streams_.emplace_back(plan, s, pieces, order_, dst);
+      streams_.back().Prepare(range_bytes, max_ranges, &zero);
+      for (size_t r = 0; r < streams_.back().ranges(); ++r) tasks_.emplace_back(s, r);
+    }
+    // Arrays zeroed before any piece is written, in slices of range_bytes.
+    std::vector<absl::Span<std::byte>> slices;
+    const uint64_t slice = std::max<uint64_t>(range_bytes, 4096);
+    for (absl::Span<std::byte> z : zero) {
+      for (uint64_t at = 0; at < z.size(); at += std::min<uint64_t>(slice, z.size() - at)) {
+        slices.push_back(z.subspan(at, std::min<uint64_t>(slice, z.size() - at)));
       }
+    }
+    run(slices.size(), [&](size_t i) { std::memset(slices[i].data(), 0, slices[i].size()); });
+  }
+
+  size_t tasks() const { return tasks_.size(); }
+  void Task(size_t i) { streams_[tasks_[i].first].Range(tasks_[i].second); }
+
+ private:
+  std::vector<uint32_t> order_;
+  std::vector<StreamAssembly<T>> streams_;
+  std::vector<std::pair<size_t, size_t>> tasks_;  // (stream, range)
+};
+
+class CpuAssembler final : public BatchAssembler {
+ public:
+  explicit CpuAssembler(const CpuAssemblerOptions& options) : options_(options) {}
+  ~CpuAssembler() override {
+    for (auto& b : begun_) (void)Finish(&b);  // their destinations may still be read
+  }
+  const char* name() const override { return "cpu"; }
+  void set_helpers(AssemblyHelpers* helpers) override { helpers_ = helpers; }
+  bool pipelined() const override { return helpers_ != nullptr; }
+
+  absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                        absl::Span<std::byte> dst) override {
+    RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
+    const int workers = Workers(plan);
+    auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
+    if (!NarrowsValues(plan)) {
+      AssembleInto(plan, pieces, dst.data(), workers, run);
+      return absl::OkStatus();
+    }
+    // Float16/bfloat16 values (value_conversion.h): the float32 twin, then narrowed.
+    const BatchPlan wide = WidePlan(plan);
+    wide_.resize(wide.total_bytes);
+    AssembleInto(wide, pieces, wide_.data(), workers, run);
+    ZeroGaps(plan, dst.data());
+    const std::vector<NarrowOp> ops = NarrowOps(wide, plan);
+    run(ops.size(), [&](size_t k) {
+      const NarrowOp& op = ops[k];
+      for (uint64_t i = 0; i < op.count; ++i) NarrowElement(op, i, wide_.data(), dst.data());
+    });
+    return absl::OkStatus();
+  }
+
+  // With helpers idle: the batch's ranges are handed to them and Begin() returns; otherwise
+  // (or for narrowed values) the batch is assembled at once.
+  absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                                 absl::Span<std::byte> dst) override {
+    RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
+    Begun b;
+    b.fence = ++fences_;
+    const int workers = Workers(plan);
+    if (workers == 1 || NarrowsValues(plan)) {
+      b.status = Assemble(plan, pieces, dst);
+    } else {
+      auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
+      std::shared_ptr<void> work;
+      std::function<void(size_t)> task;
+      size_t n = 0;
+      if (plan.precision == Precision::kFloat) {
+        auto w = std::make_shared<BatchWork<float>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
+        n = w->tasks();
+        task = [w = w.get()](size_t i) { w->Task(i); };
+        work = std::move(w);
+      } else {
+        auto w = std::make_shared<BatchWork<double>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
+        n = w->tasks();
+        task = [w = w.get()](size_t i) { w->Task(i); };
+        work = std::move(w);
+      }
+      b.work = std::move(work);
+      // The helpers start the ranges; the caller joins at Wait() (its thread plans the next
+      // batch meanwhile).
+      b.group = TaskGroup::Start(helpers_, workers - 1, n, std::move(task));
+    }
+    begun_.push_back(std::move(b));
+    return begun_.back().fence;
+  }
+
+  absl::Status Wait(uint64_t fence) override {
+    if (fence == 0 || fence > fences_) return absl::InvalidArgumentError(absl::StrCat("no batch was begun as fence ", fence));
+    absl::Status st;
+    while (!begun_.empty() && begun_.front().fence <= fence) {
+      absl::Status s = Finish(&begun_.front());
+      if (begun_.front().fence == fence) st = s;
+      begun_.pop_front();
+    }
+    return st;
+  }
+
+ private:
+  using RunFn = std::function<void(size_t, const std::function<void(size_t)>&)>;
+  struct Begun {
+    uint64_t fence = 0;
+    absl::Status status;
+    std::shared_ptr<void> work;        // the batch's ranges (BatchWork<T>)
+    std::shared_ptr<TaskGroup> group;  // running them; null: assembled at Begin()
+  };
+
+  static absl::Status Finish(Begun* b) {
+    if (b->group != nullptr) b->group->Join();
+    b->group.reset();
+    b->work.reset();
+    return b->status;
+  }
+
+  // Threads for `plan`'s batch, the caller's included: helpers only for batches worth
+  // splitting, and only as many as are idle now.
+  int Workers(const BatchPlan& plan) const {
+    if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
+    return 1 + std::max(0, std::min(helpers_->idle(), options_.max_helpers));
+  }
+
+  // Runs task(0..n-1): on the calling thread alone, or with `workers` - 1 helpers.
+  void Run(int workers, size_t n, const std::function<void(size_t)>& task) {
+    if (workers <= 1 || n < 2) {
+      for (size_t i = 0; i < n; ++i) task(i);
+      return;
+    }
+    TaskGroup::Start(helpers_, std::min<int>(workers - 1, static_cast<int>(n - 1)), n, task)->Join();
+  }
+
+  void AssembleInto(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* out, int workers,
+                    const RunFn& run) {
+    if (plan.precision == Precision::kFloat) {
+      BatchWork<float> w(plan, pieces, out, workers, options_.range_bytes, run);
+      run(w.tasks(), [&](size_t i) { w.Task(i); });
+    } else {
+      BatchWork<double> w(plan, pieces, out, workers, options_.range_bytes, run);
+      run(w.tasks(), [&](size_t i) { w.Task(i); });
     }
   }
 
+  const CpuAssemblerOptions options_;
+  AssemblyHelpers* helpers_ = nullptr;
   std::vector<std::byte> wide_;  // the float32 twin of a batch with narrowed values
+  uint64_t fences_ = 0;
+  std::deque<Begun> begun_;      // not yet waited for, oldest first
 };
 
 }  // namespace
@@ -253,6 +526,8 @@ absl::Status CheckSlotSize(const BatchPlan& plan, size_t slot_bytes) {
   return absl::InvalidArgumentError(absl::StrCat("batch needs ", plan.total_bytes, " bytes, the slot has ", slot_bytes));
 }
 
-std::unique_ptr<BatchAssembler> MakeCpuAssembler() { return std::make_unique<CpuAssembler>(); }
+std::unique_ptr<BatchAssembler> MakeCpuAssembler(const CpuAssemblerOptions& options) {
+  return std::make_unique<CpuAssembler>(options);
+}
 
 }  // namespace conveyor

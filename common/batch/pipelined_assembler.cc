@@ -28,6 +28,7 @@ class PipelinedAssembler final : public BatchAssembler {
 
   const char* name() const override { return inner_->name(); }
   bool pipelined() const override { return true; }
+  void set_helpers(AssemblyHelpers* helpers) override { inner_->set_helpers(helpers); }
 
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override {
     auto fence = Begin(plan, pieces, dst);

@@ -27,11 +27,11 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkCache::Get(uint64_t chun
   cache_[chunk_id].parsing = true;
   lock.unlock();
   auto parsed = parse_(chunk_id);
-  // A chunk whose dense values are used where they lie in the mapping (CBF) keeps its pages
+  // A chunk whose values are used where they lie in the mapping (CBF) keeps its pages
   // until it is released; any other chunk is done with them now.
   bool points_into_file = false;
   if (parsed.ok() && done_with_) {
-    for (const ParsedStream& ps : (*parsed)->streams) points_into_file |= !ps.in_place.empty() || !ps.compressed.empty();
+    for (const ParsedStream& ps : (*parsed)->streams) points_into_file |= !ps.in_place.empty() || !ps.compressed.empty() || !ps.sparse_values_in_place.empty();
   }
   if (!points_into_file && done_with_) done_with_(chunk_id);
   lock.lock();

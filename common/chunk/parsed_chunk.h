@@ -36,6 +36,13 @@ struct ParsedStream {
   // Dense values left compressed (Dataset opened with compressed_in_place): per parsed
   // sequence, its payload (Kaldi CM, CM2, CM3); empty otherwise. Read them through DecodeDense(), not DenseSamples().
   std::vector<CompressedDense> compressed;
+  // Sparse entries used where they lie in the mapped input (CBF, ctf2bin's layout): per
+  // parsed sequence, the address of its first entry's value and of its first index (a
+  // sequence's entries lie back to back, in file order); both empty when values<T>() and
+  // `indices` hold every entry. Any alignment; valid while the Dataset that parsed the chunk
+  // lives. nnz_begin numbers the entries chunk-wide either way: read them through
+  // SparseIndexBytes()/SparseValueBytes() (or SparseIndex()/SparseValue()).
+  std::vector<const std::byte*> sparse_values_in_place, sparse_indices_in_place;
 
   uint64_t num_samples(uint64_t seq) const { return sequence_begin[seq + 1] - sequence_begin[seq]; }
   // A dense stream's values of sample `b` (an index into this stream's samples, within parsed
@@ -63,6 +70,35 @@ struct ParsedStream {
     w.cols = dim;
     DecodeCompressed(m, w, out);
   }
+  // A sparse stream's entries from chunk-wide entry `k` (of parsed sequence `slot`) onwards,
+  // as bytes: the sequence's later entries follow contiguously. Indices are int32, values
+  // `elem_size` bytes.
+  const std::byte* SparseIndexBytes(uint32_t slot, uint64_t k) const {
+    if (sparse_indices_in_place.empty()) return reinterpret_cast<const std::byte*>(indices.data()) + k * 4;
+    return sparse_indices_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * 4;
+  }
+  const std::byte* SparseValueBytes(uint32_t slot, uint64_t k, size_t elem_size) const {
+    if (sparse_values_in_place.empty()) {
+      const auto* base = elem_size == sizeof(float) ? reinterpret_cast<const std::byte*>(values_f32.data())
+                                                    : reinterpret_cast<const std::byte*>(values_f64.data());
+      return base + k * elem_size;
+    }
+    return sparse_values_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * elem_size;
+  }
+  int32_t SparseIndex(uint32_t slot, uint64_t k) const {
+    if (sparse_indices_in_place.empty()) return indices[k];
+    int32_t v;
+    std::memcpy(&v, SparseIndexBytes(slot, k), sizeof(v));
+    return v;
+  }
+  template <typename T>
+  T SparseValue(uint32_t slot, uint64_t k) const {
+    T v;
+    std::memcpy(&v, SparseValueBytes(slot, k, sizeof(T)), sizeof(T));
+    return v;
+  }
+  // Entries in the chunk (sparse).
+  uint64_t total_entries() const { return nnz_begin.back(); }
   uint64_t total_samples() const { return sequence_begin.back(); }
   template <typename T>
   std::vector<T>& values();

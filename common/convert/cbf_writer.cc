@@ -102,7 +102,6 @@ absl::StatusOr<CbfWriteStats> Write(const Dataset& dataset, const std::string& p
         longest = std::max(longest, n);
         std::string& r = rec[s];
         Put<uint32_t>(&r, n);
-        const T* v = ps.values<T>().data();
         if (ps.format == StreamFormat::kDense) {
           if (ps.compressed.empty()) {
             r.append(reinterpret_cast<const char*>(ps.DenseSamples(static_cast<uint32_t>(slot), b, sizeof(T))),
@@ -115,16 +114,17 @@ absl::StatusOr<CbfWriteStats> Write(const Dataset& dataset, const std::string& p
           continue;
         }
         const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[e];
+        const auto sl = static_cast<uint32_t>(slot);  // entries in the chunk or where they lie (CBF)
         Put<int32_t>(&r, static_cast<int32_t>(ne - nb));
         // Entries by ascending index within each sample (stable: equal indices keep file order).
         order.resize(ne - nb);
         std::iota(order.begin(), order.end(), 0u);
         for (uint64_t t = b; t < e; ++t) {
           std::stable_sort(order.begin() + (ps.nnz_begin[t] - nb), order.begin() + (ps.nnz_begin[t + 1] - nb),
-                           [&](uint32_t x, uint32_t y) { return ps.indices[nb + x] < ps.indices[nb + y]; });
+                           [&](uint32_t x, uint32_t y) { return ps.SparseIndex(sl, nb + x) < ps.SparseIndex(sl, nb + y); });
         }
-        for (uint32_t k : order) Put<T>(&r, v[nb + k]);
-        for (uint32_t k : order) Put<int32_t>(&r, ps.indices[nb + k]);
+        for (uint32_t k : order) Put<T>(&r, ps.template SparseValue<T>(sl, nb + k));
+        for (uint32_t k : order) Put<int32_t>(&r, ps.SparseIndex(sl, nb + k));
         for (uint64_t t = b; t < e; ++t) Put<int32_t>(&r, static_cast<int32_t>(ps.nnz_begin[t + 1] - ps.nnz_begin[t]));
       }
       uint64_t bytes = 4;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -26,8 +27,13 @@ void AppendSequence(const ParsedStream& from, uint32_t slot, ParsedStream* to) {
     to->indices.insert(to->indices.end(), from.indices.begin() + b, from.indices.begin() + b + n);
   } else {
     const uint64_t kb = from.nnz_begin[b], ke = from.nnz_begin[b + n];
-    to->indices.insert(to->indices.end(), from.indices.begin() + kb, from.indices.begin() + ke);
-    to->values<T>().insert(to->values<T>().end(), from.values<T>().begin() + kb, from.values<T>().begin() + ke);
+    if (ke > kb) {  // from the chunk's columns, or where they lie in the file (CBF)
+      const size_t ia = to->indices.size(), va = to->values<T>().size();
+      to->indices.resize(ia + (ke - kb));
+      to->values<T>().resize(va + (ke - kb));
+      std::memcpy(to->indices.data() + ia, from.SparseIndexBytes(slot, kb), (ke - kb) * sizeof(int32_t));
+      std::memcpy(to->values<T>().data() + va, from.SparseValueBytes(slot, kb, sizeof(T)), (ke - kb) * sizeof(T));
+    }
     const uint64_t base = to->nnz_begin.back();
     for (uint64_t t = 1; t <= n; ++t) to->nnz_begin.push_back(base + from.nnz_begin[b + t] - kb);
   }

@@ -54,6 +54,9 @@ class ChunkPipeline {
   // The consumer is done with the ticket.
   void Release(uint64_t ticket);
 
+  // The threads parsing for it (its own or the shared ones).
+  ParserPool* pool() const { return state_->pool; }
+
   // Chunks parsed so far and seconds spent parsing (all threads).
   uint64_t chunks_parsed() const;
   double parse_seconds() const;

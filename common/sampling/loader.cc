@@ -38,12 +38,15 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
   po.admit = options.admit_chunk;
   lookahead_chunks_ = static_cast<uint64_t>(po.prefetch);
   pipeline_ = std::make_unique<ChunkPipeline>(dataset, po);
+  // Parser threads with no chunk to parse help assemble (the same bytes on any number).
+  assembler_->set_helpers(pipeline_->pool());
 }
 
 Loader::~Loader() {
   // Batches begun may still be read from their chunks: wait for them first.
   for (const auto& f : in_flight_) (void)assembler_->Wait(f->fence);
   in_flight_.clear();
+  assembler_->set_helpers(nullptr);
   pipeline_.reset();
   std::free(buffer_);
 }
@@ -292,6 +295,34 @@ absl::Status RunPipelined(Loader* loader, size_t depth, const BatchDestination& 
     RETURN_IF_ERROR(loader->Complete(&b));
     RETURN_IF_ERROR(each(b));
   }
+}
+
+
+absl::Status RunWithOwnBuffers(Loader* loader, const std::function<absl::Status(const Batch&)>& each) {
+  struct Buffer {
+    std::byte* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  const size_t depth = loader->pipelined() ? 2 : 1;
+  // With at most `depth` batches alive (begun, or being used by `each`), the buffer a batch
+  // is begun into was last used `depth` batches ago: that batch is done with.
+  std::vector<Buffer> buffers(depth);
+  size_t next = 0;
+  BatchDestination own = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+    Buffer& b = buffers[next++ % depth];
+    if (bytes > b.size) {
+      std::free(b.data);
+      b.size = (std::max<size_t>(bytes, b.size * 3 / 2) + kArrayAlignment - 1) / kArrayAlignment * kArrayAlignment;
+      b.data = static_cast<std::byte*>(std::aligned_alloc(kArrayAlignment, std::max<size_t>(b.size, kArrayAlignment)));
+      if (b.data == nullptr) {
+        b.size = 0;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bytes, "-byte batch"));
+      }
+    }
+    return absl::MakeSpan(b.data, bytes);
+  };
+  return RunPipelined(loader, depth, own, each);
 }
 
 }  // namespace conveyor

@@ -89,6 +89,9 @@ class Loader {
   absl::StatusOr<bool> Begin(const BatchDestination& destination);
   absl::Status Complete(Batch* out);
   size_t in_flight() const { return in_flight_.size(); }
+  // True when Begin() returns before its batch is assembled (a device, or the CPU assembler
+  // with parser threads helping): only then does a second batch in flight gain anything.
+  bool pipelined() const { return assembler_->pipelined(); }
 
   // Stops the loader from any thread: a Next() or Begin() waiting for a chunk returns
   // Cancelled at once, and so does every later one (Complete() still completes batches
@@ -158,5 +161,9 @@ class Loader {
 // back the batch's destination memory. Stops at the first error (the loader's or `each`'s).
 absl::Status RunPipelined(Loader* loader, size_t depth, const BatchDestination& destination,
                           const std::function<absl::Status(const Batch&)>& each);
+
+// RunPipelined into buffers of its own (256-byte aligned, used in turn; a batch's bytes are
+// valid while `each` runs): two batches in flight when the loader is pipelined(), else one.
+absl::Status RunWithOwnBuffers(Loader* loader, const std::function<absl::Status(const Batch&)>& each);
 
 }  // namespace conveyor

@@ -35,6 +35,12 @@ size_t ParserPool::busy() const {
   return busy_;
 }
 
+int ParserPool::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t owed = busy_ + jobs_.size();
+  return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
+}
+
 void ParserPool::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {

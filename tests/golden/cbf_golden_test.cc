@@ -224,6 +224,57 @@ TEST(Cbf, ConvertKeepsChunkSizesAndEmptySamples) {
   EXPECT_NE(a->find("\"s\":{\"sparse\":[[]"), std::string::npos);  // an empty sparse sample, kept
 }
 
+// ctf2bin's layout: a sparse stream's entries are used where they lie in the mapped file
+// (the chunk holds only their per-sample ranges), and read through them they give what the
+// text reader gives, as CSC, CSR and dense, in float and double; converting the CBF again
+// (the converter reading entries in place) writes the same file.
+TEST(Cbf, SparseEntriesAreUsedWhereTheyLie) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 200; ++i) {
+    for (int t = 0; t <= i % 3; ++t) {  // sequences of 1-3 samples; entries by ascending index
+      text += std::to_string(i) + " |d " + std::to_string(i) + " " + std::to_string(t) + " |s " +
+              (i % 5 == 0 ? std::string() : std::to_string(i % 20) + ":1.5 " + std::to_string(20 + (i * 7 + t) % 30) + ":-2") +
+              "\n";
+    }
+  }
+  for (Precision precision : {Precision::kFloat, Precision::kDouble}) {
+    SCOPED_TRACE(precision == Precision::kFloat ? "float" : "double");
+    DatasetConfig config = CtfDataset(dir.Write("in.ctf", text), "{d: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}",
+                                      "randomize: false");
+    config.precision = precision;
+    auto ds = Dataset::Open(config);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    CbfWriteOptions wo;
+    wo.chunk_size = 700;
+    const std::string out = dir.path() + "/out.cbf";
+    ASSERT_TRUE(WriteCbf(**ds, out, wo).ok());
+    auto back = Dataset::Open(CbfDataset(out, precision));
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_GT((*back)->index().chunks.size(), 5u);
+    auto chunk = (*back)->ParseChunk(1);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    const ParsedStream& sparse = (*chunk)->streams[1];
+    EXPECT_EQ(sparse.sparse_values_in_place.size(), (*chunk)->num_sequences());
+    EXPECT_EQ(sparse.sparse_indices_in_place.size(), (*chunk)->num_sequences());
+    EXPECT_TRUE(sparse.indices.empty() && sparse.values_f32.empty() && sparse.values_f64.empty());
+    EXPECT_GT(sparse.total_entries(), 0u);
+    for (OutputLayout layout : {OutputLayout::kCsc, OutputLayout::kCsr, OutputLayout::kDense}) {
+      SCOPED_TRACE(OutputLayoutName(layout));
+      ReadOptions ro;
+      ro.minibatch_size = 16;
+      ro.request.layouts["s"] = layout;
+      auto a = DumpDataset(config, ro);
+      auto b = DumpDataset(CbfDataset(out, precision), ro);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(*a, *b);
+    }
+    const std::string again = dir.path() + "/again.cbf";
+    ASSERT_TRUE(WriteCbf(**back, again, wo).ok());
+    EXPECT_EQ(ReadFile(again), ReadFile(out));
+  }
+}
+
 // Every prefix and a corruption of every byte of a real file: open and read it all; each
 // outcome is either a complete read or an error naming the file. (ASan/UBSan builds and the
 // fuzzer make "never out of bounds" checkable; here it must at least never crash or hang.)

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config/config_loader.h"
 #include "common/formats/kaldi/kaldi_object.h"
 #include "common/formats/kaldi/kaldi_table.h"
 #include "cuda/cases/batch_cases.h"
@@ -187,6 +188,28 @@ TEST_P(HostKernels, SparseCtfThroughTheLoaderMatchesTheCpuLoader) {
   conveyor::testing::ExpectPipelinedLoaderMatchesTheCpuLoader(conveyor::testing::CtfConfig(), {},
                                                               conveyor::testing::Randomized(64, false), host.get(),
                                                               MemoryKind::kHost);
+}
+
+// CBF in ctf2bin's layout, whose sparse entries the chunks leave where they lie in the file:
+// the program packs them from there (CNTK's jagged sparse sequences, utterances and frames).
+TEST_P(HostKernels, SparseCbfEntriesInPlaceThroughTheLoaderMatchTheCpuLoader) {
+  const std::string path = std::string(CONVEYOR_TESTDATA_DIR) + "/cntk/CNTKBinaryReader/Data/50x20_jagged_sequences_sparse.bin";
+  for (const char* precision : {"float", "double"}) {
+    auto config = ParseConfig(std::string("datasets:\n  d:\n    precision: ") + precision +
+                                  "\n    deserializers:\n      - type: CNTKBinary\n        file: " + path + "\n",
+                              "test", "/");
+    ASSERT_TRUE(config.ok()) << config.status();
+    if (!Dataset::Open(config->datasets[0]).ok()) continue;  // the file's precision is the other
+    for (bool frames : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << precision << (frames ? " frames" : " sequences"));
+      auto host = MakePipelinedAssembler(MakeHostProgramAssembler(launch()));
+      conveyor::testing::ExpectPipelinedLoaderMatchesTheCpuLoader(config->datasets[0], {},
+                                                                  conveyor::testing::Randomized(16, frames), host.get(),
+                                                                  MemoryKind::kHost);
+    }
+    return;
+  }
+  FAIL() << "opens as neither float nor double: " << path;
 }
 
 // int64 colptr (a CSC stream past INT32_MAX entries, too large to generate): a program made

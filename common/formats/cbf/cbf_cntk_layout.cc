@@ -39,6 +39,10 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
     ps.dim = file.streams[source[i]].dim;
     ps.sequence_begin.reserve(uint64_t{n_seq} + 1);
     if (ps.format == StreamFormat::kDense) ps.in_place.reserve(n_seq);
+    if (ps.format == StreamFormat::kSparse) {
+      ps.sparse_values_in_place.reserve(n_seq);
+      ps.sparse_indices_in_place.reserve(n_seq);
+    }
   }
   // Samples per (stream, sequence), to drop sequences with none at all.
   std::vector<uint32_t>& counts = *counts_out;
@@ -48,9 +52,10 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
     ParsedStream* ps = target[s] >= 0 && out != nullptr ? &out->streams[target[s]] : nullptr;
     if (ps != nullptr && info.format == StreamFormat::kSparse) {
       // Size the columns once: a quick walk of this stream's sequences (the decode below
-      // checks everything and reports any damage; the walk just stops at it).
+      // checks everything and reports any damage; the walk just stops at it). The entries
+      // themselves are used where they lie: only their per-sample ranges are columns.
       Reader walk = r;
-      uint64_t samples = 0, entries = 0;
+      uint64_t samples = 0;
       const char* skipped = nullptr;
       for (uint32_t j = 0; j < n_seq; ++j) {
         uint32_t n = 0;
@@ -60,11 +65,8 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
           break;
         }
         samples += n;
-        entries += static_cast<uint64_t>(nnz);
       }
       ps->nnz_begin.reserve(ps->nnz_begin.size() + samples);
-      ps->indices.reserve(ps->indices.size() + entries);
-      ps->values<T>().reserve(ps->values<T>().size() + entries);
     }
     for (uint32_t j = 0; j < n_seq; ++j) {
       uint32_t n = 0;
@@ -107,8 +109,8 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
           }
         }
         if (ps != nullptr) {
-          Append(&ps->values<T>(), values, static_cast<uint64_t>(nnz));
-          Append(&ps->indices, indices, static_cast<uint64_t>(nnz));
+          ps->sparse_values_in_place.push_back(reinterpret_cast<const std::byte*>(values));  // used where they lie
+          ps->sparse_indices_in_place.push_back(reinterpret_cast<const std::byte*>(indices));
           uint64_t running = ps->nnz_begin.back();
           for (uint32_t t = 0; t < n; ++t) {
             int32_t k = 0;

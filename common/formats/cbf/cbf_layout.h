@@ -104,16 +104,6 @@ absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& f
                                         const std::string& path, std::vector<uint32_t>* counts);
 
 // --- Shared by both layouts' decoders (cbf_reader.cc).
-// Appends `count` items of `bytes` to `v` (nothing at all for none: memcpy must not see the
-// null data() of an empty vector).
-template <typename T>
-void Append(std::vector<T>* v, const char* bytes, uint64_t count) {
-  if (count == 0) return;
-  const size_t at = v->size();
-  v->resize(at + count);
-  std::memcpy(v->data() + at, bytes, count * sizeof(T));
-}
-
 // Per sequence of `n_seq`, its slot among those delivered (-1: none), from the sample
 // `counts` per delivered stream (stream-major); see cbf_reader.cc.
 std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq);

@@ -155,14 +155,20 @@ void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t
     // sequence_begin entries go).
     for (auto& ps : out->streams) {
       std::vector<uint64_t> begins{0};
-      std::vector<const std::byte*> in_place;
+      std::vector<const std::byte*> in_place, sparse_values, sparse_indices;
       for (uint32_t j = 0; j < n_seq; ++j) {
         if (out->slot_of[j] < 0) continue;
         begins.push_back(ps.sequence_begin[j + 1]);
         if (!ps.in_place.empty()) in_place.push_back(ps.in_place[j]);
+        if (!ps.sparse_values_in_place.empty()) {
+          sparse_values.push_back(ps.sparse_values_in_place[j]);
+          sparse_indices.push_back(ps.sparse_indices_in_place[j]);
+        }
       }
       ps.sequence_begin = std::move(begins);
       ps.in_place = std::move(in_place);
+      ps.sparse_values_in_place = std::move(sparse_values);
+      ps.sparse_indices_in_place = std::move(sparse_indices);
     }
   }
 }

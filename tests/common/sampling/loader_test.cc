@@ -241,6 +241,91 @@ TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
   }
 }
 
+// Parser threads that help assemble (every batch split, ranges of one piece: the CPU
+// assembler's thresholds at their lowest) deliver the bytes the assembler gives alone, by
+// Next(), by RunPipelined with two batches in flight and by RunWithOwnBuffers, for any
+// number of threads: dense, sparse as CSC, CSR and dense, in sequences.
+TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
+  std::string data;
+  for (int i = 0; i < 300; ++i) {
+    for (int t = 0; t <= i % 4; ++t) {
+      data += std::to_string(i) + " |a " + std::to_string(i) + " " + std::to_string(t) + " |s " +
+              std::to_string((i * 7 + t) % 50) + ":" + std::to_string(t + 1) + " " + std::to_string((i + t) % 50) + ":1\n";
+    }
+  }
+  const std::string file = dir_.Write("seq.ctf", data);
+  DatasetConfig c = CtfDataset(file, "{a: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}");
+  c.deserializers[0].chunk_size_in_bytes = 300;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  for (OutputLayout layout : {OutputLayout::kNative, OutputLayout::kCsr, OutputLayout::kDense}) {
+    SCOPED_TRACE(::testing::Message() << "layout " << OutputLayoutName(layout));
+    LoaderOptions lo;
+    lo.planner.minibatch_size = 40;
+    lo.planner.epochs = 2;
+    lo.planner.randomizer.randomize = true;
+    lo.planner.randomizer.window = 3;
+    lo.layouts = {OutputLayout::kNative, layout};
+    std::vector<std::vector<std::byte>> want;
+    {
+      auto alone = MakeCpuAssembler();  // batches this small stay on the loader's thread
+      auto loader = Loader::Create(ds->get(), alone.get(), lo);
+      ASSERT_TRUE(loader.ok()) << loader.status();
+      Batch b;
+      while (true) {
+        auto more = (*loader)->Next(&b);
+        ASSERT_TRUE(more.ok()) << more.status();
+        if (!*more) break;
+        want.emplace_back(b.bytes.begin(), b.bytes.end());
+      }
+    }
+    ASSERT_GT(want.size(), 20u);
+    CpuAssemblerOptions split;
+    split.min_parallel_bytes = 0;
+    split.range_bytes = 1;
+    for (int threads : {1, 2, 4}) {
+      for (int way = 0; way < 3; ++way) {
+        SCOPED_TRACE(::testing::Message() << threads << " threads, way " << way);
+        lo.threads = threads;
+        auto cpu = MakeCpuAssembler(split);
+        auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+        ASSERT_TRUE(loader.ok());
+        EXPECT_TRUE((*loader)->pipelined());
+        std::vector<std::vector<std::byte>> got;
+        auto keep = [&](const Batch& b) {
+          got.emplace_back(b.bytes.begin(), b.bytes.end());
+          return absl::OkStatus();
+        };
+        if (way == 0) {
+          Batch b;
+          while (true) {
+            auto more = (*loader)->Next(&b);
+            ASSERT_TRUE(more.ok()) << more.status();
+            if (!*more) break;
+            ASSERT_TRUE(keep(b).ok());
+          }
+        } else if (way == 1) {
+          std::deque<std::vector<std::byte>> buffers;
+          auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
+            buffers.emplace_back(bytes, std::byte{0xCD});
+            return absl::MakeSpan(buffers.back());
+          };
+          ASSERT_TRUE(RunPipelined(loader->get(), 2, destination, [&](const Batch& b) {
+                        EXPECT_EQ(b.bytes.data(), buffers.front().data());
+                        absl::Status st = keep(b);
+                        buffers.pop_front();
+                        return st;
+                      }).ok());
+        } else {
+          ASSERT_TRUE(RunWithOwnBuffers(loader->get(), keep).ok());
+        }
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "batch " << i;
+      }
+    }
+  }
+}
+
 // Next() refuses to run while batches begun are not completed (its buffer would be shared),
 // and a loader destroyed with batches in flight waits for them.
 TEST_F(LoaderTest, NextWaitsForNoneAndDestructionWaitsForAll) {
