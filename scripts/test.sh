@@ -9,13 +9,9 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 -E '^python_torch$'
-# python_torch forks about 90 DataLoader workers, and now and then one hangs inside gRPC's
-# own fork handler (README, "Train with it", known issue; it hangs 1 run in 5-10 here). Until
-# that is fixed, it gets one retry, said out loud, so that the rest of the suite stays strict.
-if ! ctest --test-dir build --output-on-failure -R '^python_torch$'; then
-  echo "conveyor: python_torch failed once (known issue: a DataLoader worker hung in gRPC's fork handler); retrying once" >&2
-  ctest --test-dir build --output-on-failure -R '^python_torch$'
-fi
+# python_torch (about 90 forked DataLoader workers) runs alone, after the rest: its workers'
+# timing is what it checks, and a loaded machine only slows it.
+ctest --test-dir build --output-on-failure -R '^python_torch$'
 scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
 # The Debian package installed into a clean Debian 12 root (debootstrap; needs root and the
 # Debian mirror); set CONVEYOR_DEB_TEST=0 to leave it out.

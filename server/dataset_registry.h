@@ -16,8 +16,8 @@ namespace conveyor {
 class DatasetRegistry {
  public:
   // Opens every dataset of `config`. `compressed_in_place`: Kaldi compressed matrices stay
-  // compressed in parsed chunks (a daemon whose batches the CUDA assembler makes decodes them
-  // on the device). Errors: the first dataset that fails to open.
+  // compressed in parsed chunks, decoded by the assembler straight into each batch (conveyord
+  // sets it with either assembler). Errors: the first dataset that fails to open.
   static absl::StatusOr<std::unique_ptr<DatasetRegistry>> Open(const Config& config, int index_threads,
                                                                bool compressed_in_place = false);
 

@@ -229,8 +229,11 @@ absl::Status ResolveTls(const Flags& f, const conveyor::Config& config, Prepared
 }
 
 // Decided once: without a usable device every subscription gets the CPU assembler, and the
-// startup line (p->note) says why. With the CUDA assembler, Kaldi compressed matrices are
-// decoded on the device: the parser threads leave them compressed.
+// startup line (p->note) says why. Kaldi compressed matrices stay compressed in the chunks
+// (the parser threads only locate them) and are decoded straight into the batch: by the
+// device with the CUDA assembler, else by the CPU assembler, one pass instead of decode into
+// the chunk then copy (bench/RESULTS.md, issue 19); a dataset in frame mode decodes them at
+// parse, whose one-row pieces decode faster whole.
 void ChooseAssembler(const conveyor::Config& config, Flags* f, Prepared* p) {
   conveyor::ServiceOptions& options = p->options;
   std::string assembler = f->assembler;
@@ -261,7 +264,7 @@ absl::StatusOr<Prepared> Prepare(Flags f) {
   p.metrics_address = f.metrics_address;
   p.port_file = f.port_file;
   ChooseAssembler(config, &f, &p);
-  ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, p.options.cuda_assembler));
+  ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, /*compressed_in_place=*/true));
   return p;
 }
 

@@ -257,9 +257,10 @@ void StreamReactor::Run() {
 
 void StreamReactor::Produce() {
   // Up to two batches in flight: batch k+1 is planned and begun while batch k is assembled
-  // (by the device: CUDA IPC, --assembler cuda), and k is published once it is complete.
-  // Each batch begun holds a credit until it is published. The CPU assembler completes a
-  // batch as it begins it: one at a time.
+  // (by the device: CUDA IPC, --assembler cuda; by idle parser-pool threads helping the CPU
+  // assembler), and k is published once it is complete. Each batch begun holds a credit
+  // until it is published. A CPU assembler without helpers completes a batch as it begins
+  // it: one at a time.
   const size_t depth = assembler_->pipelined() ? 2 : 1;
   std::deque<std::unique_ptr<Transport::Destination>> begun;
   uint64_t serial = 0;  // the next batch to begin (only this thread advances them)

@@ -528,11 +528,15 @@ TEST(Service, AClientThatGoesAwayReleasesItsSubscription) {
 namespace conveyor::testing {
 namespace {
 
+// Entries of /dev/shm that could be conveyor's (named for it): other processes of the machine
+// (torch, Python's multiprocessing in tests running beside this one) come and go there.
 std::set<std::string> DevShm() {
   std::set<std::string> names;
   FILE* p = ::popen("ls /dev/shm 2>/dev/null", "r");
   char buf[512];
-  while (p && std::fgets(buf, sizeof(buf), p)) names.insert(buf);
+  while (p && std::fgets(buf, sizeof(buf), p)) {
+    if (std::strstr(buf, "conveyor") != nullptr) names.insert(buf);
+  }
   if (p) ::pclose(p);
   return names;
 }
