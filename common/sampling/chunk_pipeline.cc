@@ -25,7 +25,10 @@ ChunkPipeline::~ChunkPipeline() {
 }
 
 void ChunkPipeline::Schedule(const std::shared_ptr<State>& s) {
-  const uint64_t budget = static_cast<uint64_t>(std::max(1, s->options.threads));
+  // Until the first chunk is done it is parsed alone: the consumer waits for it (the first
+  // batch), and a second chunk parsed beside it takes CPU from it whenever the pipeline's
+  // threads outnumber the cores the process gets (issue 19: first batch).
+  const uint64_t budget = s->first_done ? static_cast<uint64_t>(std::max(1, s->options.threads)) : 1;
   const uint64_t prefetch = static_cast<uint64_t>(std::max(1, s->options.prefetch));
   while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed && s->ahead + s->unclaimed < prefetch) {
     ++s->jobs;
@@ -81,6 +84,7 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     --s.parsing;
+    s.first_done = true;
     s.parse_seconds += secs;
     if (admitted.ok()) ++s.chunks_parsed;
     if (auto found = s.entries.find(ticket); found != s.entries.end()) {  // else released while parsed

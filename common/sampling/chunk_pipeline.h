@@ -87,6 +87,7 @@ class ChunkPipeline {
     uint64_t parsing = 0;    // of those, parsing a chunk now
     uint64_t chunks_parsed = 0;
     double parse_seconds = 0;
+    bool first_done = false;  // a job has finished a chunk (parsed, failed or refused)
     bool stop = false;
     bool cancelled = false;
   };
