@@ -1,6 +1,10 @@
 #include "common/index/index_cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <cstdio>
@@ -29,6 +33,48 @@ struct Header {
   uint32_t zero;
 };
 static_assert(sizeof(Header) == 64, "cache header layout");
+
+// Reads exactly `n` bytes (retrying short reads); false on an error or end of file.
+bool ReadFully(int fd, void* buf, size_t n) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Hash64 over a byte stream given in pieces whose sizes are multiples of 8: the same value
+// as one Hash64 call (default seed) over the whole, so the content hash of a loaded index is
+// the one Index::ComputeContentHash gives.
+class ContentHasher {
+ public:
+  void Add(const void* data, size_t size) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i + 8 <= size; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h_ = Mix64(h_, w);
+    }
+    size_ += size;
+  }
+  uint64_t Finish() const { return Mix64(Mix64(h_, 0), size_); }
+
+ private:
+  uint64_t h_ = 0x9e3779b97f4a7c15ull;
+  uint64_t size_ = 0;
+};
+static_assert(sizeof(SequenceEntry) % 8 == 0, "records hash in whole words");
+
+// Reserves room for `n` records without touching it; the caller grows the vector block by
+// block, so each block is zeroed and overwritten while in the CPU's cache. (Asking for huge
+// pages here, with MADV_HUGEPAGE and MADV_POPULATE_WRITE, halved a warm 10^8-record open but
+// cost 9-11 s of kernel compaction when memory was fragmented, as after the indexing run that
+// wrote the cache: see bench/RESULTS.md, issue 19.)
+void ReserveRecords(std::vector<SequenceEntry>* v, uint64_t n) { v->reserve(n); }
 
 }  // namespace
 
@@ -82,40 +128,39 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
 absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_path,
                                                     const FileStamp& data_stamp,
                                                     uint64_t config_hash) {
-  FILE* f = std::fopen(cache_path.c_str(), "rb");
-  if (f == nullptr) {
+  const int fd = ::open(cache_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return std::optional<Index>();
     return absl::PermissionDeniedError(absl::StrCat(cache_path, ": cannot read the index cache: ", std::strerror(errno)));
   }
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
   auto corrupt = [&](const std::string& why) {
-    std::fclose(f);
     return absl::DataLossError(absl::StrCat(cache_path, ": corrupt index cache: ", why));
   };
-  std::fseek(f, 0, SEEK_END);
-  const long file_size = std::ftell(f);
-  std::fseek(f, 0, SEEK_SET);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return corrupt(std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
   Header h;
-  if (file_size < static_cast<long>(sizeof(Header) + sizeof(uint64_t)) || std::fread(&h, 1, sizeof(h), f) != sizeof(h)) {
+  if (size < sizeof(Header) + sizeof(uint64_t) || !ReadFully(fd, &h, sizeof(h))) {
     return corrupt("truncated header");
   }
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return corrupt("bad magic");
   if (h.version != kVersion) {
-    std::fclose(f);
     return absl::FailedPreconditionError(
         absl::StrCat(cache_path, ": index cache version ", h.version, ", expected ", kVersion));
   }
   if (h.kept_lines > IndexErrors::kMaxKept) return corrupt("bad error-line count");
-  const uint64_t size = static_cast<uint64_t>(file_size);
   if (h.num_sequences > size / sizeof(SequenceEntry)) return corrupt("sequence count exceeds the file size");
   const uint64_t expected = sizeof(Header) + h.kept_lines * sizeof(IndexError) +
                             h.num_sequences * sizeof(SequenceEntry) + sizeof(uint64_t);
   if (size != expected) return corrupt(absl::StrCat("size ", size, " bytes, expected ", expected));
   if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
-    std::fclose(f);
     return absl::FailedPreconditionError(absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
   }
   if (h.config_hash != config_hash) {
-    std::fclose(f);
     return absl::FailedPreconditionError(absl::StrCat(cache_path, ": index cache was built for another configuration"));
   }
   Index index;
@@ -123,34 +168,38 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   index.file_size = h.data_size;
   index.errors.count = h.error_count;
   index.errors.first.resize(h.kept_lines);
-  index.sequences.resize(h.num_sequences);
-  uint64_t stored_sum = 0;
   const size_t errors_bytes = h.kept_lines * sizeof(IndexError);
-  const size_t records_bytes = h.num_sequences * sizeof(SequenceEntry);
-  if (std::fread(index.errors.first.data(), 1, errors_bytes, f) != errors_bytes ||
-      std::fread(index.sequences.data(), 1, records_bytes, f) != records_bytes ||
-      std::fread(&stored_sum, 1, sizeof(stored_sum), f) != sizeof(stored_sum)) {
-    return corrupt("truncated");
+  if (!ReadFully(fd, index.errors.first.data(), errors_bytes)) return corrupt("truncated");
+  ReserveRecords(&index.sequences, h.num_sequences);
+  // One pass, a block at a time: read the records, hash them (the index's content hash,
+  // the same value as Index::ComputeContentHash) and check them against the data size
+  // while the block is in the CPU's cache.
+  ContentHasher hasher;
+  uint64_t prev_end = 0;
+  bool outside = false;
+  constexpr size_t kBlockRecords = (4u << 20) / sizeof(SequenceEntry);
+  for (uint64_t first = 0; first < h.num_sequences; first += kBlockRecords) {
+    const uint64_t n = std::min<uint64_t>(kBlockRecords, h.num_sequences - first);
+    index.sequences.resize(first + n);
+    SequenceEntry* block = index.sequences.data() + first;
+    if (!ReadFully(fd, block, n * sizeof(SequenceEntry))) return corrupt("truncated");
+    hasher.Add(block, n * sizeof(SequenceEntry));
+    for (uint64_t i = 0; i < n; ++i) {
+      const SequenceEntry& s = block[i];
+      outside |= s.offset < prev_end || s.offset + s.size > h.data_size || s.size == 0;
+      prev_end = s.offset + s.size;
+    }
   }
-  std::fclose(f);
-  f = nullptr;
-  // The checksum chains the header, the errors and the records; the records' own hash is
-  // the index's content hash, so it is computed once here.
-  index.ComputeContentHash();
+  uint64_t stored_sum = 0;
+  if (!ReadFully(fd, &stored_sum, sizeof(stored_sum))) return corrupt("truncated");
+  index.content_hash = hasher.Finish();
+  // The checksum chains the header, the errors and the records' content hash.
   uint64_t sum = Hash64(&h, sizeof(Header), 0);
   if (errors_bytes > 0) sum = Hash64(index.errors.first.data(), errors_bytes, sum);
   sum = Mix64(sum, index.content_hash);
-  if (sum != stored_sum) {
-    return absl::DataLossError(absl::StrCat(cache_path, ": corrupt index cache: checksum mismatch"));
-  }
+  if (sum != stored_sum) return corrupt("checksum mismatch");
   // Records are checked against the data size: a cache must never send a reader out of bounds.
-  uint64_t prev_end = 0;
-  for (const SequenceEntry& s : index.sequences) {
-    if (s.offset < prev_end || s.offset + s.size > h.data_size || s.size == 0) {
-      return absl::DataLossError(absl::StrCat(cache_path, ": corrupt index cache: a sequence record lies outside the data file"));
-    }
-    prev_end = s.offset + s.size;
-  }
+  if (outside) return corrupt("a sequence record lies outside the data file");
   return std::optional<Index>(std::move(index));
 }
 

@@ -187,5 +187,44 @@ TEST(IndexCacheFile, RefusesRecordsOutsideTheDataFile) {
   EXPECT_EQ(ok.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+
+// A cache larger than one read block (ReadIndexCache reads, hashes and checks the records a
+// few MiB at a time): the records, the errors and the content hash come back as written, and
+// a flipped byte or an out-of-range record in a late block is still caught.
+TEST(IndexCacheFile, LargeCacheRoundTripsBlockByBlock) {
+  TempDir dir;
+  Index index;
+  constexpr uint64_t kRecords = 300001;  // > 2 blocks of 4 MiB, and not a multiple of one
+  for (uint64_t i = 0; i < kRecords; ++i) index.sequences.push_back({i * 3, i * 10, i, 10, static_cast<uint32_t>(1 + i % 5)});
+  index.errors.count = 7;
+  index.errors.first.push_back({IndexError::kRepeatedId, 42, 40, 9});
+  index.ComputeContentHash();
+  const uint64_t data_size = kRecords * 10;
+  const std::string path = dir.path() + "/big.cvyidx";
+  ASSERT_TRUE(WriteIndexCache(path, index, FileStamp{data_size, 5}, 9).ok());
+  auto read = ReadIndexCache(path, FileStamp{data_size, 5}, 9);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_TRUE(read->has_value());
+  const Index& back = **read;
+  EXPECT_TRUE(SameSequences(back, index));
+  EXPECT_EQ(back.content_hash, index.content_hash);
+  EXPECT_EQ(back.errors.count, 7u);
+  ASSERT_EQ(back.errors.first.size(), 1u);
+  EXPECT_EQ(back.errors.first[0].line, 42u);
+
+  std::string bytes = ReadFile(path);
+  bytes[bytes.size() - 100] ^= 0x01;  // inside the last block's records
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  auto flipped = ReadIndexCache(path, FileStamp{data_size, 5}, 9);
+  ASSERT_FALSE(flipped.ok());
+  EXPECT_EQ(flipped.status().code(), absl::StatusCode::kDataLoss);
+
+  // A data file one byte shorter than the last record's end: refused even with a good checksum.
+  ASSERT_TRUE(WriteIndexCache(path, index, FileStamp{data_size - 1, 5}, 9).ok());
+  auto outside = ReadIndexCache(path, FileStamp{data_size - 1, 5}, 9);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace conveyor::testing
