@@ -81,10 +81,11 @@ struct Split {
 // One thread (ranges but no helper) to eight; ranges of one piece up to the default size.
 const Split kSplits[] = {{1, 1}, {2, 1}, {3, 64}, {4, 1000}, {8, 1}, {8, 256 << 10}};
 
-// `want`: the batch assembled alone. Checks Assemble() and Begin()/Wait() (three batches
-// begun before the first is waited for) with every split.
-void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
-                           const std::vector<std::byte>& want) {
+// The batch assembled by one thread without helpers is the reference; checks Assemble() and
+// Begin()/Wait() (three batches begun before the first is waited for) with every split.
+void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  std::vector<std::byte> want(plan.total_bytes, std::byte{0xAB});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(plan, pieces, absl::MakeSpan(want)).ok());
   for (const Split& split : kSplits) {
     SCOPED_TRACE(::testing::Message() << split.threads << " threads, ranges of " << split.range_bytes << " bytes");
     TestHelpers helpers(split.threads);
@@ -114,7 +115,6 @@ void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pie
 }
 
 TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
-  auto alone = MakeCpuAssembler();
   for (const CaseSpec& spec : StandardCases()) {
     for (uint64_t seed : {21, 22, 23}) {  // 23: narrowed values where the case is float
       if (seed == 23 && spec.precision != Precision::kFloat) continue;
@@ -127,9 +127,7 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
       }
       auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, dtypes);
       ASSERT_TRUE(plan.ok()) << plan.status();
-      std::vector<std::byte> want(plan->total_bytes, std::byte{0xAB});
-      ASSERT_TRUE(alone->Assemble(*plan, c.pieces, absl::MakeSpan(want)).ok());
-      ExpectSameWithHelpers(*plan, c.pieces, want);
+      ExpectSameWithHelpers(*plan, c.pieces);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -138,7 +136,6 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
 // Random cases beyond the standard set: random rows, lengths, modes, layouts and dims.
 TEST(ParallelAssembly, RandomCasesAreTheSameOnAnyNumberOfThreads) {
   std::mt19937_64 rng(19);
-  auto alone = MakeCpuAssembler();
   for (int k = 0; k < 60; ++k) {
     CaseSpec spec;
     spec.name = "random " + std::to_string(k);
@@ -165,16 +162,13 @@ TEST(ParallelAssembly, RandomCasesAreTheSameOnAnyNumberOfThreads) {
     auto c = MakeBatchCase(spec, 100 + k);
     auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    std::vector<std::byte> want(plan->total_bytes, std::byte{0xAB});
-    ASSERT_TRUE(alone->Assemble(*plan, c.pieces, absl::MakeSpan(want)).ok());
-    ExpectSameWithHelpers(*plan, c.pieces, want);
+    ExpectSameWithHelpers(*plan, c.pieces);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
 // Kaldi CM, CM2, CM3 left compressed: each range decodes its pieces into the batch.
 TEST(ParallelAssembly, CompressedMatricesDecodeTheSameOnAnyNumberOfThreads) {
-  auto alone = MakeCpuAssembler();
   std::mt19937 rng(5);
   for (int format : {1, 2, 3}) {
     std::vector<std::string> objects;
@@ -187,9 +181,7 @@ TEST(ParallelAssembly, CompressedMatricesDecodeTheSameOnAnyNumberOfThreads) {
         auto c = conveyor::testing::MakeCompressedCase(objects, 0, 0, 23, pieces, 3);
         auto plan = PlanBatch(c.streams, precision, c.shape, c.pieces);
         ASSERT_TRUE(plan.ok()) << plan.status();
-        std::vector<std::byte> want(plan->total_bytes, std::byte{0xAB});
-        ASSERT_TRUE(alone->Assemble(*plan, c.pieces, absl::MakeSpan(want)).ok());
-        ExpectSameWithHelpers(*plan, c.pieces, want);
+        ExpectSameWithHelpers(*plan, c.pieces);
         if (::testing::Test::HasFatalFailure()) return;
       }
     }

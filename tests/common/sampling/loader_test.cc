@@ -183,6 +183,26 @@ class DeferredAssembler final : public BatchAssembler {
 // Begin()/Complete() with up to `depth` batches in flight deliver exactly Next()'s batches,
 // with the pipelined CPU assembler and with the deferred one, over many small chunks that
 // come and go (no keepDataInMemory, a window of 2 chunks, one chunk parsed ahead).
+// Every batch of `loader`, through Next(), as bytes.
+absl::StatusOr<std::vector<std::vector<std::byte>>> DrainNext(Loader* loader) {
+  std::vector<std::vector<std::byte>> out;
+  Batch b;
+  while (true) {
+    absl::StatusOr<bool> more = loader->Next(&b);
+    if (!more.ok()) return more.status();
+    if (!*more) return out;
+    out.emplace_back(b.bytes.begin(), b.bytes.end());
+  }
+}
+
+// Every batch a loader over `ds` with `assembler` and `options` delivers, as bytes.
+absl::StatusOr<std::vector<std::vector<std::byte>>> LoadAll(Dataset* ds, BatchAssembler* assembler,
+                                                            const LoaderOptions& options) {
+  auto loader = Loader::Create(ds, assembler, options);
+  if (!loader.ok()) return loader.status();
+  return DrainNext(loader->get());
+}
+
 TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
   DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
   c.deserializers[0].chunk_size_in_bytes = 200;
@@ -196,18 +216,9 @@ TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
   lo.planner.randomizer.window = 2;
   lo.prefetch = 1;
   auto cpu = MakeCpuAssembler();
-  std::vector<std::vector<std::byte>> want;
-  {
-    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
-    ASSERT_TRUE(loader.ok());
-    Batch b;
-    while (true) {
-      auto more = (*loader)->Next(&b);
-      ASSERT_TRUE(more.ok()) << more.status();
-      if (!*more) break;
-      want.emplace_back(b.bytes.begin(), b.bytes.end());
-    }
-  }
+  auto loaded = LoadAll(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::vector<std::vector<std::byte>> want = std::move(*loaded);
   ASSERT_GT(want.size(), 80u);
   for (size_t depth : {1, 2, 3}) {
     for (bool deferred : {false, true}) {
@@ -266,19 +277,10 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
     lo.planner.randomizer.randomize = true;
     lo.planner.randomizer.window = 3;
     lo.layouts = {OutputLayout::kNative, layout};
-    std::vector<std::vector<std::byte>> want;
-    {
-      auto alone = MakeCpuAssembler();  // batches this small stay on the loader's thread
-      auto loader = Loader::Create(ds->get(), alone.get(), lo);
-      ASSERT_TRUE(loader.ok()) << loader.status();
-      Batch b;
-      while (true) {
-        auto more = (*loader)->Next(&b);
-        ASSERT_TRUE(more.ok()) << more.status();
-        if (!*more) break;
-        want.emplace_back(b.bytes.begin(), b.bytes.end());
-      }
-    }
+    auto alone = MakeCpuAssembler();  // batches this small stay on the loader's thread
+    auto loaded = LoadAll(ds->get(), alone.get(), lo);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const std::vector<std::vector<std::byte>> want = std::move(*loaded);
     ASSERT_GT(want.size(), 20u);
     CpuAssemblerOptions split;
     split.min_parallel_bytes = 0;
@@ -297,13 +299,9 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
           return absl::OkStatus();
         };
         if (way == 0) {
-          Batch b;
-          while (true) {
-            auto more = (*loader)->Next(&b);
-            ASSERT_TRUE(more.ok()) << more.status();
-            if (!*more) break;
-            ASSERT_TRUE(keep(b).ok());
-          }
+          auto drained = DrainNext(loader->get());
+          ASSERT_TRUE(drained.ok()) << drained.status();
+          got = std::move(*drained);
         } else if (way == 1) {
           std::deque<std::vector<std::byte>> buffers;
           auto destination = [&](uint64_t bytes) -> absl::StatusOr<absl::Span<std::byte>> {
