@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <deque>
 #include <vector>
 
@@ -62,6 +64,33 @@ struct StagingSet {
   cudaEvent_t sent = nullptr;
 };
 
+// A batch whose destination is host memory: assembled into `device` on the assembler's
+// stream, then copied back on the copy stream once `assembled` is reached, so that the next
+// batch's assembly runs while this one travels. Page-locked destinations (cudaHostAlloc'd,
+// or registered: the transports register their shm segments and inline buffers) are written
+// by DMA directly; pageable ones through `pinned`, which Wait() copies on. `copied` marks the
+// copy's end. Busy from Begin() until its batch is waited for.
+struct Download {
+  CudaBuffer device{false}, pinned{true};
+  cudaEvent_t assembled = nullptr, copied = nullptr;
+  bool busy = false;
+};
+
+// Whether every byte of [p, p + bytes) is page-locked host memory the device can write by
+// DMA (cudaPointerGetAttributes says "host" for both ends; unregistered memory says
+// "unregistered").
+bool PageLocked(const std::byte* p, uint64_t bytes) {
+  for (const std::byte* q : {p, p + bytes - 1}) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    if (attr.type != cudaMemoryTypeHost) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 struct CudaAssembler::Impl {
@@ -72,11 +101,16 @@ struct CudaAssembler::Impl {
   CudaBuffer temp{false};        // Thrust temporaries
   uint64_t temp_wanted = 0;
   uint64_t temp_fallbacks = 0;
-  CudaBuffer bounce{false};      // device slot for batches whose destination is host memory
+  cudaStream_t copy_stream = nullptr;  // device -> host copies of batches bound for host memory
+  std::vector<std::unique_ptr<Download>> downloads;  // as many as batches begun at once need
+  DownloadStats download_stats;
   uint64_t begun = 0;            // fences handed out by Begin()
   struct Pending {
     uint64_t fence;
-    cudaEvent_t done;  // recorded after the batch's last operation; nullptr: complete at Begin
+    cudaEvent_t done;  // recorded after the batch's last operation (device destinations); else nullptr
+    Download* download = nullptr;  // host destinations: its copy back
+    std::byte* host = nullptr;     // a pageable destination: Wait() copies download->pinned here
+    uint64_t bytes = 0;
   };
   std::deque<Pending> pending;   // begun, not waited for (oldest first)
   std::vector<cudaEvent_t> spare_events;
@@ -117,6 +151,7 @@ struct CudaAssembler::Impl {
     const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     cudaSetDevice(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
     for (const Pending& p : pending) {
       if (p.done != nullptr) cudaEventDestroy(p.done);
     }
@@ -127,7 +162,13 @@ struct CudaAssembler::Impl {
       if (s.sent != nullptr) cudaEventDestroy(s.sent);
     }
     temp.Free();
-    bounce.Free();
+    for (auto& d : downloads) {
+      d->device.Free();
+      d->pinned.Free();
+      if (d->assembled != nullptr) cudaEventDestroy(d->assembled);
+      if (d->copied != nullptr) cudaEventDestroy(d->copied);
+    }
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (restore) cudaSetDevice(previous);
     cudaGetLastError();
@@ -137,6 +178,7 @@ struct CudaAssembler::Impl {
     device = options.device;
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
     for (StagingSet& s : sets) {
       CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.sent, cudaEventDisableTiming));
       if (absl::Status st = s.host.Reserve(options.staging_bytes, "pinned staging buffer"); !st.ok()) return st;
@@ -179,6 +221,62 @@ struct CudaAssembler::Impl {
     Backend backend{*this};
     return RunProgram(prog, staging, scratch, slot, backend, &stats);
   }
+
+  // A download no batch in flight uses, made if every one is busy (one more than the
+  // caller's batches in flight at most).
+  absl::StatusOr<Download*> FreeDownload() {
+    for (auto& d : downloads) {
+      if (!d->busy) return d.get();
+    }
+    auto d = std::make_unique<Download>();
+    for (cudaEvent_t* e : {&d->assembled, &d->copied}) {
+      if (cudaError_t err = cudaEventCreateWithFlags(e, cudaEventDisableTiming); err != cudaSuccess) {
+        if (d->assembled != nullptr) cudaEventDestroy(d->assembled);
+        CONVEYOR_CUDA_RETURN_IF_ERROR(err);
+      }
+    }
+    downloads.push_back(std::move(d));
+    return downloads.back().get();
+  }
+
+  // Begin() into host memory: the batch is assembled in a download's device buffer and
+  // copied back on the copy stream; returns once the host's part is done. The caller made
+  // `device` current. On an error nothing of this batch is left running.
+  absl::StatusOr<uint64_t> BeginHost(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                                     absl::Span<std::byte> dst) {
+    const uint64_t bytes = plan.total_bytes;
+    absl::StatusOr<Download*> made = FreeDownload();
+    if (!made.ok()) return made.status();
+    Download& d = **made;
+    // Free: its last copy completed before its batch was waited for, so it may grow now.
+    if (absl::Status st = d.device.Reserve(std::max<uint64_t>(bytes, 1), "device batch buffer"); !st.ok()) return st;
+    const bool direct = bytes > 0 && PageLocked(dst.data(), bytes);
+    if (!direct) {
+      if (absl::Status st = d.pinned.Reserve(std::max<uint64_t>(bytes, 1), "pinned download buffer"); !st.ok()) return st;
+    }
+    if (absl::Status st = Enqueue(plan, pieces, d.device.data); !st.ok()) return st;
+    cudaError_t e = cudaEventRecord(d.assembled, stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, d.assembled, 0);
+    if (e == cudaSuccess && bytes > 0) {
+      e = cudaMemcpyAsync(direct ? static_cast<void*>(dst.data()) : d.pinned.data, d.device.data, bytes,
+                          cudaMemcpyDeviceToHost, copy_stream);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(d.copied, copy_stream);
+    if (e != cudaSuccess) {
+      cudaStreamSynchronize(stream);
+      cudaStreamSynchronize(copy_stream);
+      CONVEYOR_CUDA_RETURN_IF_ERROR(e);
+    }
+    d.busy = true;
+    ++(direct ? download_stats.direct : download_stats.staged);
+    download_stats.buffers = downloads.size();
+    Pending p{++begun, nullptr};
+    p.download = &d;
+    p.host = direct ? nullptr : dst.data();
+    p.bytes = bytes;
+    pending.push_back(p);
+    return begun;
+  }
 };
 
 CudaAssembler::CudaAssembler(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -196,6 +294,8 @@ int CudaAssembler::device() const { return impl_->device; }
 ProgramStats CudaAssembler::stats() const { return impl_->stats; }
 
 uint64_t CudaAssembler::scan_buffer_fallbacks() const { return impl_->temp_fallbacks; }
+
+DownloadStats CudaAssembler::downloads() const { return impl_->download_stats; }
 
 absl::Status CudaAssembler::StallForTesting(absl::Duration duration) {
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
@@ -216,12 +316,7 @@ absl::StatusOr<uint64_t> CudaAssembler::Begin(const BatchPlan& plan, absl::Span<
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   cudaPointerAttributes attr{};
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
-  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-    // Host memory goes through the one bounce buffer: assembled and copied back at once.
-    if (absl::Status st = Assemble(plan, pieces, dst); !st.ok()) return st;
-    m.pending.push_back({++m.begun, nullptr});
-    return m.begun;
-  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return m.BeginHost(plan, pieces, dst);
   // Enqueue() copies all it reads from the pieces into pinned staging before it returns,
   // so only the device's work remains: an event marks its end. (On an error it has waited
   // for the stream: no fence is needed for a batch that failed.)
@@ -247,12 +342,20 @@ absl::Status CudaAssembler::Wait(uint64_t fence) {
   Impl& m = *impl_;
   auto it = std::find_if(m.pending.begin(), m.pending.end(), [&](const Impl::Pending& p) { return p.fence == fence; });
   if (it == m.pending.end()) return absl::InvalidArgumentError(absl::StrCat("no batch begun is waiting as fence ", fence));
-  cudaEvent_t done = it->done;
+  const Impl::Pending p = *it;
   m.pending.erase(it);
-  if (done == nullptr) return absl::OkStatus();
-  m.spare_events.push_back(done);
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done));
+  if (p.download != nullptr) {
+    // The download is free again whatever happens: its copy has ended, or the device failed.
+    const cudaError_t e = cudaEventSynchronize(p.download->copied);
+    p.download->busy = false;
+    CONVEYOR_CUDA_RETURN_IF_ERROR(e);
+    if (p.host != nullptr && p.bytes > 0) std::memcpy(p.host, p.download->pinned.data, p.bytes);
+    return absl::OkStatus();
+  }
+  if (p.done == nullptr) return absl::OkStatus();
+  m.spare_events.push_back(p.done);
+  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(p.done));
   return absl::OkStatus();
 }
 
@@ -264,7 +367,7 @@ absl::Status CudaAssembler::Synchronize() {
 
 absl::Status CudaAssembler::Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) {
   if (absl::Status st = CheckSlotSize(plan, dst.size()); !st.ok()) return st;
-  // First: the bounce buffer below must be allocated on our device, not the thread's.
+  // First: what is allocated below (a download's buffers) must be on our device, not the thread's.
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   cudaPointerAttributes attr{};
   CONVEYOR_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, dst.data()));
@@ -273,18 +376,9 @@ absl::Status CudaAssembler::Assemble(const BatchPlan& plan, absl::Span<const Pie
     if (absl::Status st = impl_->Enqueue(plan, pieces, dst.data()); !st.ok()) return st;
     return Synchronize();
   }
-  if (plan.total_bytes > impl_->bounce.capacity) {
-    CONVEYOR_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
-    if (absl::Status st = impl_->bounce.Reserve(plan.total_bytes, "device batch buffer"); !st.ok()) return st;
-  }
-  if (absl::Status st = impl_->Enqueue(plan, pieces, impl_->bounce.data); !st.ok()) return st;
-  if (cudaError_t e = cudaMemcpyAsync(dst.data(), impl_->bounce.data, plan.total_bytes, cudaMemcpyDeviceToHost,
-                                      impl_->stream);
-      e != cudaSuccess) {
-    cudaStreamSynchronize(impl_->stream);
-    CONVEYOR_CUDA_RETURN_IF_ERROR(e);
-  }
-  return Synchronize();
+  absl::StatusOr<uint64_t> fence = impl_->BeginHost(plan, pieces, dst);
+  if (!fence.ok()) return fence.status();
+  return Wait(*fence);
 }
 
 }  // namespace conveyor::gpu

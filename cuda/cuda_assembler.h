@@ -35,6 +35,13 @@ struct CudaAssemblerOptions {
   uint64_t scan_buffer_bytes = uint64_t{1} << 20;
 };
 
+// How batches bound for host memory came back (CudaAssembler::downloads()).
+struct DownloadStats {
+  uint64_t direct = 0;   // by DMA straight into page-locked destinations
+  uint64_t staged = 0;   // into a pinned buffer, then copied on by the host (pageable destinations)
+  uint64_t buffers = 0;  // device/pinned buffer pairs made (one per batch in flight at most, plus one)
+};
+
 class CudaAssembler final : public BatchAssembler {
  public:
   // Errors: Unimplemented (no CUDA backend in this build), FailedPrecondition (no such
@@ -45,7 +52,7 @@ class CudaAssembler final : public BatchAssembler {
 
   const char* name() const override { return "cuda"; }
   // `dst` may be device memory (assembled in place) or host memory (assembled in device
-  // memory, then copied back). Returns when the batch is complete.
+  // memory, then copied back: see Begin()). Returns when the batch is complete.
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst) override;
   // Enqueues the batch into device memory `device_dst` (plan.total_bytes bytes) and returns
   // once the host's part is done; the pieces' chunks may be released then. Synchronize()
@@ -53,7 +60,12 @@ class CudaAssembler final : public BatchAssembler {
   absl::Status AssembleAsync(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* device_dst);
   // The pipelined form (BatchAssembler): into device memory, Begin() returns once the host's
   // part is done (the pieces' chunks are no longer read), and Wait() waits for an event
-  // recorded after the batch. Into host memory, Begin() assembles at once.
+  // recorded after the batch. Into host memory, the batch is assembled in a device buffer of
+  // the assembler's and copied back on a second stream, so that the next batch's assembly
+  // overlaps this copy; Begin() returns once the host's part is done, Wait() once the bytes
+  // are in `dst`. Page-locked destinations (cudaHostAlloc'd, or registered: RegisterHostMemory
+  // in slot_pool.h) are written by DMA directly; pageable ones through a pinned buffer that
+  // Wait() copies from (one pass more on the host).
   absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                                  absl::Span<std::byte> dst) override;
   absl::Status Wait(uint64_t fence) override;
@@ -64,6 +76,7 @@ class CudaAssembler final : public BatchAssembler {
   // storage did not fit the scan buffer.
   ProgramStats stats() const;
   uint64_t scan_buffer_fallbacks() const;
+  DownloadStats downloads() const;
   // Tests: enqueues a kernel that keeps the assembler's stream busy for about `duration`, so
   // that the host runs ahead of the device (staging reuse must then wait).
   absl::Status StallForTesting(absl::Duration duration);

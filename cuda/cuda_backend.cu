@@ -82,6 +82,47 @@ void FreeMemory(MemoryKind kind, void* ptr, int device) {
   }
 }
 
+namespace {
+
+class CudaHostRegistration final : public HostRegistration {
+ public:
+  CudaHostRegistration(void* data, int device) : data_(data), device_(device) {}
+  ~CudaHostRegistration() override {
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    cudaSetDevice(device_);
+    cudaHostUnregister(data_);
+    if (restore) cudaSetDevice(previous);
+    cudaGetLastError();
+  }
+
+ private:
+  void* const data_;
+  const int device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void* data, uint64_t bytes, int device) {
+  if (data == nullptr || bytes == 0) return absl::InvalidArgumentError("cannot page-lock an empty range of memory");
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("CUDA device ", device, ": ", cudaGetErrorString(err)));
+  }
+  err = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (restore) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot page-lock ", bytes, " bytes of host memory for device ", device,
+                     " (cudaHostRegister: ", cudaGetErrorString(err), ")"));
+  }
+  return std::unique_ptr<HostRegistration>(new CudaHostRegistration(data, device));
+}
+
 absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes) {
   static const bool have_device = [] {
     std::string why;

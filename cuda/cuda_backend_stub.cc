@@ -48,6 +48,7 @@ absl::Status CudaAssembler::Wait(uint64_t) { return absl::UnimplementedError(kNo
 int CudaAssembler::device() const { return -1; }
 ProgramStats CudaAssembler::stats() const { return {}; }
 uint64_t CudaAssembler::scan_buffer_fallbacks() const { return 0; }
+DownloadStats CudaAssembler::downloads() const { return {}; }
 absl::Status CudaAssembler::StallForTesting(absl::Duration) { return absl::UnimplementedError(kNotBuilt); }
 
 absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int) {
@@ -60,6 +61,10 @@ absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int) {
 }
 
 void FreeMemory(MemoryKind, void* ptr, int) { std::free(ptr); }
+
+absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void*, uint64_t, int) {
+  return absl::UnimplementedError(absl::StrCat("page-locking host memory needs the CUDA backend; ", kNotBuilt));
+}
 
 absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);

@@ -32,6 +32,18 @@ void FreeMemory(MemoryKind kind, void* ptr, int device);
 // returns, so work on any stream enqueued afterwards sees the bytes.
 absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes);
 
+// Host memory made elsewhere (a memfd segment, an mmap) page-locked for DMA by every device
+// (cudaHostRegister, portable), so that a device copies into it asynchronously; unlocked when
+// destroyed, which must happen before the memory is unmapped.
+class HostRegistration {
+ public:
+  virtual ~HostRegistration() = default;
+};
+// Registers [data, data + bytes) with `device` current. Errors: Unimplemented (no CUDA
+// backend), FailedPrecondition (no such device), ResourceExhausted (the driver refused: out
+// of lockable memory, or memory of a kind it cannot lock), InvalidArgument (empty range).
+absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void* data, uint64_t bytes, int device);
+
 struct Slot {
   uint32_t index = 0;
   std::byte* data = nullptr;

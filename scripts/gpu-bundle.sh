@@ -3,7 +3,8 @@
 # machine): build/gpu-bundle/ holds conveyor_gpu_tests, gpu_bench, the Debian shared
 # libraries they need beyond CUDA and libc (abseil), and run.sh, which runs the tests (a skip
 # fails there: CONVEYOR_REQUIRE_GPU=1), compute-sanitizer memcheck and racecheck on the GPU
-# tests, the benchmark and the CUDA IPC transport end to end, and prints one summary of them
+# tests, the benchmark, the CUDA IPC transport end to end (and the CUDA assembler into shm and
+# inline batches), and prints one summary of them
 # all (each measured figure next to its reference and target). The golden files are read from the repository's tests/data, which
 # travels with the working tree. Carry build/gpu-bundle and run `bash build/gpu-bundle/run.sh`
 # from the repository root.
@@ -94,7 +95,24 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
     summary+=("CUDA IPC end to end: FAILED (dump differs or errored; $out/ipc_cuda.err)"); rc=1
     tail -5 "$out/ipc_cuda.err"
   fi
-  for transport in cuda shm; do
+  # The same daemon's CUDA assembler into host memory: shm segments and inline buffers are
+  # page-locked and copied into asynchronously; the dumps must equal the local one too, and
+  # no page-locking may have failed (the daemon warns once per stream when it does).
+  for transport in shm inline; do
+    "$here/conveyor" subscribe "unix:$sock" --dump --transport "$transport" "${args[@]}" >"$out/host_$transport.txt" \
+      2>"$out/host_$transport.err"
+    if cmp -s "$out/ipc_local.txt" "$out/host_$transport.txt"; then
+      summary+=("--assembler cuda into $transport: subscribe --dump equals the local dump")
+    else
+      summary+=("--assembler cuda into $transport: FAILED (dump differs or errored; $out/host_$transport.err)"); rc=1
+    fi
+  done
+  if grep -q "page-lock" "$out/conveyord.log"; then
+    summary+=("page-locking shm/inline memory: FAILED ($(grep -m1 'page-lock' "$out/conveyord.log"))"); rc=1
+  else
+    summary+=("page-locking shm/inline memory: no failure logged (copies back by DMA)")
+  fi
+  for transport in cuda shm inline; do
     echo "bench sparse, transport $transport:"
     "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
       --credits 8 2>&1 | tee "$out/bench_$transport.txt"

@@ -26,7 +26,7 @@ absl::StatusOr<std::unique_ptr<Transport>> CudaIpcTransport::Create(const v1::Su
   return std::unique_ptr<Transport>(new CudaIpcTransport(env, device));
 }
 
-absl::StatusOr<std::unique_ptr<BatchAssembler>> CudaIpcTransport::MakeAssembler() const {
+absl::StatusOr<std::unique_ptr<BatchAssembler>> CudaIpcTransport::MakeAssembler() {
   return MakeCudaAssembler(device_, options_.staging_bytes);
 }
 

@@ -20,7 +20,7 @@ class CudaIpcTransport final : public PooledTransport {
                                                            const TransportEnv& env);
   const char* name() const override { return "cuda_ipc"; }
   // Assembled where it travels from: the CUDA assembler on the subscription's device.
-  absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeAssembler() const override;
+  absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeAssembler() override;
 
  private:
   CudaIpcTransport(const TransportEnv& env, int device) : PooledTransport(env), device_(device) {}

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/slot_pool.h"
 
 namespace conveyor {
 namespace {
@@ -22,10 +23,12 @@ struct Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
+    locked.reset();  // before the pages go
     if (data != nullptr) ::munmap(data, size);
   }
   std::byte* data = nullptr;
   uint64_t size = 0;
+  std::unique_ptr<gpu::HostRegistration> locked;  // page-locked for the CUDA assembler (or null)
 };
 
 }  // namespace
@@ -128,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Transport::Destination>> InlineTransport::Reserve
     if (p == MAP_FAILED) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a batch of ", bytes, " bytes"));
     m->data = static_cast<std::byte*>(p);
     m->size = mapped;
+    m->locked = LockForAssembler(p, mapped);  // kept while the mapping is reused
   }
   d->bytes = absl::MakeSpan(m->data, bytes);
   b->pages = std::make_shared<InlinePages>(std::move(m), pool_);

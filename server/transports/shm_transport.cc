@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "cuda/slot_pool.h"
 #include "server/shared_memory.h"
 
 namespace conveyor {
@@ -26,11 +27,16 @@ absl::StatusOr<std::unique_ptr<gpu::SlotPool>> ShmTransport::MakeSegment(
   a->set_bytes((*shm)->size());
   a->set_token(*token);
   a->set_fd_socket(fd_server_->path());
-  // The slots' memory lives as long as the pool: then the token is forgotten (no client
-  // can fetch the descriptor any more) and the daemon's mapping goes.
+  // Page-locked for the CUDA assembler's copies back, if it is the one (null otherwise).
+  std::shared_ptr<gpu::HostRegistration> locked = LockForAssembler((*shm)->data(), (*shm)->size());
+  // The slots' memory lives as long as the pool: then it is unlocked, the token forgotten
+  // (no client can fetch the descriptor any more) and the daemon's mapping goes.
   FdServer* fd_server = fd_server_;
-  std::shared_ptr<std::byte> memory((*shm)->data(), [fd_server, shm = *shm, token = *token](
-                                                        std::byte*) { fd_server->Forget(token); });
+  std::shared_ptr<std::byte> memory(
+      (*shm)->data(), [fd_server, shm = *shm, token = *token, locked = std::move(locked)](std::byte*) mutable {
+        locked.reset();  // before the mapping goes with `shm`
+        fd_server->Forget(token);
+      });
   return gpu::SlotPool::Over(gpu::MemoryKind::kHost, std::move(memory), slot_bytes, slots);
 }
 

@@ -3,13 +3,16 @@
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/slice.h>
 
+#include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "google/protobuf/io/coded_stream.h"
 
 #include "absl/strings/str_cat.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/slot_pool.h"
 
 namespace conveyor {
 namespace {
@@ -121,17 +124,33 @@ void OutgoingMessage::Materialize() {
   p->set_data(reinterpret_cast<const char*>(payload.get()) + offset, size);
 }
 
-absl::StatusOr<std::unique_ptr<BatchAssembler>> Transport::MakeAssembler() const {
+absl::StatusOr<std::unique_ptr<BatchAssembler>> Transport::MakeAssembler() {
   // The CUDA assembler overlaps by itself (the device assembles batch k while the host
   // plans k+1). The CPU one stays synchronous: on a worker thread of its own it cost CPU
   // time and gained no throughput here (bench/RESULTS.md, "Pipelined assembly").
   std::string note;
   std::unique_ptr<BatchAssembler> assembler =
       SelectAssembler(options_.cuda_assembler, options_.cuda_device, &note, options_.staging_bytes);
+  if (std::string_view(assembler->name()) == "cuda") lock_for_device_ = options_.cuda_device;
   if (options_.pipelined_cpu_assembly && !assembler->pipelined()) {
     assembler = MakePipelinedAssembler(std::move(assembler));
   }
   return assembler;
+}
+
+std::unique_ptr<gpu::HostRegistration> Transport::LockForAssembler(void* data, uint64_t bytes) {
+  if (lock_for_device_ < 0) return nullptr;
+  absl::StatusOr<std::unique_ptr<gpu::HostRegistration>> locked =
+      gpu::RegisterHostMemory(data, bytes, lock_for_device_);
+  if (locked.ok()) return std::move(*locked);
+  if (!lock_failure_logged_) {
+    lock_failure_logged_ = true;
+    std::fprintf(stderr,
+                 "WARNING: %s transport: %s; this stream's batches come back from the GPU through a pinned "
+                 "buffer of the assembler's instead (one more host copy each)\n",
+                 name(), std::string(locked.status().message()).c_str());
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::unique_ptr<Transport::Destination>> Transport::Reserve(uint64_t serial,

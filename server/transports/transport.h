@@ -22,6 +22,9 @@
 #include "server/service_options.h"
 
 namespace conveyor {
+namespace gpu {
+class HostRegistration;
+}
 
 // A message to write. An inline part carries its bytes by reference: `payload` keeps the
 // batch's buffer (and its share of the daemon's budget) alive until the part is written,
@@ -74,8 +77,11 @@ class Transport {
 
   // The assembler for this transport's memory. The default assembles into host memory: the
   // CPU one, or the CUDA one with --assembler cuda (falling back to the CPU, logged once),
-  // pipelined on a worker thread if the options say so. Errors: those of making it.
-  virtual absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeAssembler() const;
+  // pipelined on a worker thread if the options say so. With the CUDA one, the host memory
+  // this transport makes for batches from then on is page-locked (LockForAssembler), so that
+  // the device copies each batch into it asynchronously while it assembles the next. Called
+  // once, before the first Reserve(). Errors: those of making it.
+  virtual absl::StatusOr<std::unique_ptr<BatchAssembler>> MakeAssembler();
 
   // A destination for batch `serial` of `bytes`. First checks that `credits` batches of
   // this size fit the subscription's budget, whether or not the subscriber holds them now
@@ -97,6 +103,12 @@ class Transport {
  protected:
   explicit Transport(const TransportEnv& env)
       : options_(*env.options), in_flight_(env.in_flight), credits_(env.credits) {}
+  // Page-locks host memory this transport made for batches, for the device of the CUDA
+  // assembler that MakeAssembler() made: the registration must be destroyed before the
+  // memory is unmapped. Null when the assembler is not the CUDA one, or when locking fails
+  // (logged once per transport; the assembler then copies back through pinned memory of its
+  // own, one host pass more, and the batches are the same). Producer thread only.
+  std::unique_ptr<gpu::HostRegistration> LockForAssembler(void* data, uint64_t bytes);
   // Reserve() past the subscription's budget check.
   virtual absl::StatusOr<std::unique_ptr<Destination>> ReserveChecked(uint64_t serial,
                                                                       uint64_t bytes) = 0;
@@ -104,6 +116,10 @@ class Transport {
   const ServiceOptions& options_;
   MemoryBudget* const in_flight_;
   const uint32_t credits_;
+
+ private:
+  int lock_for_device_ = -1;  // the CUDA assembler's device; -1: no page-locking
+  bool lock_failure_logged_ = false;
 };
 
 // The transport a Subscribe asks for, checked against what the daemon offers. Errors:

@@ -3,6 +3,7 @@
 // past the default 32 MiB), a device other than 0 used from a thread whose current device is
 // 0, and random CM/CM2/CM3 matrices through the data path's decode ops. All skip without a
 // device (and fail under CONVEYOR_REQUIRE_GPU=1).
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "cuda/cases/batch_cases.h"
 #include "cuda/cases/compressed_cases.h"
 #include "cuda/cuda_assembler.h"
+#include "cuda/slot_pool.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/device_cases.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -84,13 +86,13 @@ TEST(CudaAssemblerGpu, BatchesPastTheDefault32MiBStagingGrowIt) {
   ASSERT_TRUE(d.ready());
   ASSERT_GT(d.plans[0].total_bytes, uint64_t{32} << 20);
   ExpectAllAssembled(assembler->get(), d);
-  DeviceCases host(901, MemoryKind::kPinned, {big});  // through the bounce buffer, grown too
+  DeviceCases host(901, MemoryKind::kPinned, {big});  // through a device buffer of the assembler's, grown too
   ASSERT_TRUE(host.ready());
   ExpectAllAssembled(assembler->get(), host);
 }
 
 // The last device, from threads whose current device is 0: the assembler selects its own
-// before allocating (the bounce buffer) or launching, and when destroyed.
+// before allocating (its download buffers) or launching, and when destroyed.
 TEST(CudaAssemblerGpu, ADeviceOtherThanZeroServesThreadsOnDeviceZero) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
 #if defined(CONVEYOR_HAVE_CUDA)
@@ -105,7 +107,7 @@ TEST(CudaAssemblerGpu, ADeviceOtherThanZeroServesThreadsOnDeviceZero) {
   ASSERT_TRUE(pinned.ready());
   std::thread producer([&] {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    ExpectAllAssembled(assembler->get(), pinned);  // host destinations: the bounce buffer
+    ExpectAllAssembled(assembler->get(), pinned);  // host destinations: through its download buffers
     int current = -1;
     cudaGetDevice(&current);
     EXPECT_EQ(current, n - 1);
@@ -121,6 +123,70 @@ TEST(CudaAssemblerGpu, ADeviceOtherThanZeroServesThreadsOnDeviceZero) {
   });
   destroyer.join();
 #endif
+}
+
+// Host destinations: each batch is assembled in a device buffer of the assembler's and copied
+// back on a second stream, by DMA into page-locked memory or through a pinned buffer into
+// pageable memory, while the next batch is assembled. Batches begun back to back behind a
+// stalled stream (so that every copy waits on an assembly, and the host runs ahead of both)
+// must land exactly, each in its own destination.
+TEST(CudaAssemblerGpu, HostDestinationsComeBackAsynchronouslyDirectOrStaged) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  for (MemoryKind kind : {MemoryKind::kPinned, MemoryKind::kHost}) {
+    SCOPED_TRACE(MemoryKindName(kind));
+    auto assembler = CudaAssembler::Create({});
+    ASSERT_TRUE(assembler.ok()) << assembler.status();
+    DeviceCases d(1100, kind);
+    ASSERT_TRUE(d.ready());
+    ASSERT_TRUE((*assembler)->StallForTesting(absl::Milliseconds(200)).ok());
+    std::vector<uint64_t> fences;
+    for (size_t i = 0; i < d.plans.size(); ++i) {
+      auto fence = (*assembler)->Begin(d.plans[i], d.batches[i].pieces, d.slot(i));
+      ASSERT_TRUE(fence.ok()) << d.cases[i].name << ": " << fence.status();
+      fences.push_back(*fence);
+    }
+    for (size_t i = 0; i < d.plans.size(); ++i) {
+      ASSERT_TRUE((*assembler)->Wait(fences[i]).ok());
+      d.ExpectAssembled(i);
+    }
+    const DownloadStats s = (*assembler)->downloads();
+    const uint64_t n = d.plans.size();
+    EXPECT_EQ(s.direct, kind == MemoryKind::kPinned ? n : 0u);
+    EXPECT_EQ(s.staged, kind == MemoryKind::kHost ? n : 0u);
+    EXPECT_EQ(s.buffers, n) << "every batch was in flight at once: one buffer each";
+  }
+}
+
+// Memory registered after it was made (what the shm and inline transports do with their
+// segments and buffers) is written by DMA, like cudaHostAlloc's; and a producer that keeps
+// two batches in flight (begin k+1, then wait for k: the daemon's loop) reuses two buffers.
+TEST(CudaAssemblerGpu, RegisteredDestinationsAreWrittenDirectlyAndTwoInFlightReuseTwoBuffers) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  auto assembler = CudaAssembler::Create({});
+  ASSERT_TRUE(assembler.ok()) << assembler.status();
+  DeviceCases d(1200, MemoryKind::kHost);
+  ASSERT_TRUE(d.ready());
+  const uint64_t bytes = d.pool->slot_bytes() * d.pool->slots();
+  auto locked = RegisterHostMemory(d.pool->base(), bytes, 0);
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  for (int round = 0; round < 3; ++round) {
+    std::optional<std::pair<size_t, uint64_t>> previous;
+    for (size_t i = 0; i < d.plans.size(); ++i) {
+      auto fence = (*assembler)->Begin(d.plans[i], d.batches[i].pieces, d.slot(i));
+      ASSERT_TRUE(fence.ok()) << d.cases[i].name << ": " << fence.status();
+      if (previous) {
+        ASSERT_TRUE((*assembler)->Wait(previous->second).ok());
+        d.ExpectAssembled(previous->first);
+      }
+      previous = {i, *fence};
+    }
+    ASSERT_TRUE((*assembler)->Wait(previous->second).ok());
+    d.ExpectAssembled(previous->first);
+  }
+  const DownloadStats s = (*assembler)->downloads();
+  EXPECT_EQ(s.direct, 3 * d.plans.size());
+  EXPECT_EQ(s.staged, 0u);
+  EXPECT_EQ(s.buffers, 2u);
 }
 
 // Random matrices of each kind (every byte value), whole, windowed, in frames, through the

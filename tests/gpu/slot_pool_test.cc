@@ -2,11 +2,19 @@
 // pools where a device exists.
 #include "cuda/slot_pool.h"
 
+#include <sys/mman.h>
+
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
+#if defined(CONVEYOR_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+#include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -156,6 +164,51 @@ TEST(SlotPoolGpu, PinnedAndDevicePoolsAllocateOnce) {
     EXPECT_EQ((*pool)->Acquire(absl::Milliseconds(5)).status().code(), absl::StatusCode::kDeadlineExceeded);
     for (const Slot& s : held) EXPECT_TRUE((*pool)->Release(s.index).ok());
   }
+}
+
+// Page-locking memory made elsewhere: refused with a reason where it cannot be done (no
+// backend, no device), never a crash; the transports then fall back to the assembler's own
+// pinned buffer.
+TEST(HostRegistration, WithoutADeviceIsRefusedWithAReason) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "a CUDA device is present; see HostRegistrationGpu";
+  std::vector<std::byte> memory(1 << 16);
+  auto locked = RegisterHostMemory(memory.data(), memory.size(), 0);
+  ASSERT_FALSE(locked.ok());
+  EXPECT_EQ(locked.status().code(),
+            CudaBuilt() ? absl::StatusCode::kFailedPrecondition : absl::StatusCode::kUnimplemented)
+      << locked.status();
+  EXPECT_FALSE(locked.status().message().empty());
+  EXPECT_EQ(RegisterHostMemory(nullptr, 0, 0).status().code(),
+            CudaBuilt() ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kUnimplemented);
+}
+
+// Registered memory is page-locked (a device writes it by DMA) until the registration goes;
+// the same pages can be registered again after, and a mapping of shared memory (what the
+// shm transport registers) is accepted too.
+TEST(HostRegistrationGpu, LocksUntilDestroyedThenLocksAgain) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+#if defined(CONVEYOR_HAVE_CUDA)
+  for (int flags : {MAP_PRIVATE | MAP_ANONYMOUS, MAP_SHARED | MAP_ANONYMOUS}) {
+    const size_t bytes = 3 << 20;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    auto is_locked = [&] {
+      cudaPointerAttributes attr{};
+      EXPECT_EQ(cudaPointerGetAttributes(&attr, static_cast<char*>(p) + bytes - 1), cudaSuccess);
+      return attr.type == cudaMemoryTypeHost;
+    };
+    EXPECT_FALSE(is_locked());
+    for (int round = 0; round < 2; ++round) {
+      auto locked = RegisterHostMemory(p, bytes, 0);
+      ASSERT_TRUE(locked.ok()) << locked.status();
+      EXPECT_TRUE(is_locked());
+      locked->reset();
+      EXPECT_FALSE(is_locked());
+    }
+    ::munmap(p, bytes);
+  }
+#endif
 }
 
 }  // namespace
