@@ -1,10 +1,19 @@
 // error_budget.h: maxErrors as CNTK defines it, a budget of input errors for a dataset's
 // lifetime. Each bad sequence (or blank row) spends one unit; once more than `max_errors`
 // were spent, reading stops with the error that broke the budget. Thread-safe.
+//
+// A bad sequence counts once however often it is read: a chunk parsed again (a later epoch,
+// another subscription, a chunk dropped from the cache and read again) meets the same bad
+// sequences, in the same order, as its first parse. A ChunkScope around a chunk's parse
+// makes the errors that chunk already spent free (they still fail once the budget is
+// broken), and records what it spends beyond them.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 
 namespace conveyor {
 
@@ -14,16 +23,58 @@ class ErrorBudget {
   ErrorBudget(const ErrorBudget&) = delete;
   ErrorBudget& operator=(const ErrorBudget&) = delete;
 
-  // Spends `n` units; returns false when the total now exceeds the budget.
-  bool Spend(uint64_t n = 1) { return spent_.fetch_add(n) + n <= max_errors_; }
+  // Chunk `chunk`'s parse on this thread, from construction to destruction (no nesting of
+  // scopes of one budget on one thread).
+  class ChunkScope {
+   public:
+    ChunkScope(ErrorBudget* budget, uint64_t chunk) : budget_(budget), chunk_(chunk), outer_(current_) {
+      std::lock_guard<std::mutex> lock(budget_->mu_);
+      auto it = budget_->by_chunk_.find(chunk_);
+      allowance_ = it == budget_->by_chunk_.end() ? 0 : it->second;
+      current_ = this;
+    }
+    ~ChunkScope() {
+      current_ = outer_;
+      std::lock_guard<std::mutex> lock(budget_->mu_);
+      uint64_t& recorded = budget_->by_chunk_[chunk_];
+      recorded = std::max(recorded, counted_);
+    }
+    ChunkScope(const ChunkScope&) = delete;
+    ChunkScope& operator=(const ChunkScope&) = delete;
+
+   private:
+    friend class ErrorBudget;
+    ErrorBudget* const budget_;
+    const uint64_t chunk_;
+    ChunkScope* const outer_;
+    uint64_t allowance_ = 0;  // errors of this chunk counted by an earlier parse, not met again yet
+    uint64_t counted_ = 0;    // errors met by this parse
+  };
+
+  // Spends `n` units; returns false when the total now exceeds the budget (or, for errors a
+  // ChunkScope's chunk already spent, when the budget is already broken).
+  bool Spend(uint64_t n = 1) {
+    ChunkScope* s = current_;
+    if (s != nullptr && s->budget_ == this) {
+      const uint64_t free = std::min(n, s->allowance_);
+      s->allowance_ -= free;
+      s->counted_ += n;
+      n -= free;
+      if (n == 0) return spent_.load() <= max_errors_;
+    }
+    return spent_.fetch_add(n) + n <= max_errors_;
+  }
   uint64_t spent() const { return spent_.load(); }
   // Gives back `n` units spent by a pass that does not count (a scan before reading).
   void Refund(uint64_t n) { spent_.fetch_sub(n); }
   uint64_t max_errors() const { return max_errors_; }
 
  private:
+  static inline thread_local ChunkScope* current_ = nullptr;
   const uint64_t max_errors_;
   std::atomic<uint64_t> spent_{0};
+  std::mutex mu_;
+  std::unordered_map<uint64_t, uint64_t> by_chunk_;  // errors each chunk's parses met, at most
 };
 
 }  // namespace conveyor

@@ -296,6 +296,8 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseJoinedChunk(uint64_t 
 
 absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_id) const {
   parses_.fetch_add(1);
+  // The chunk's bad sequences count against maxErrors once, not at every parse of it.
+  ErrorBudget::ChunkScope scope(budget_.get(), chunk_id);
   if (chunked_ == nullptr) return ParseJoinedChunk(chunk_id);
   return chunked_->ParseChunk(chunk_id);
 }

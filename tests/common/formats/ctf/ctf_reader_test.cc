@@ -5,7 +5,9 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/batch/dump_writer.h"
+#include "common/config/config_loader.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -232,6 +234,40 @@ TEST_F(CtfReader, MaxErrorsSkipsBadSequencesUntilTheBudgetIsSpent) {
   ASSERT_FALSE(beyond.ok());
   EXPECT_NE(beyond.status().message().find("data.ctf:4:6: unexpected 'y'"), std::string::npos) << beyond.status();
   EXPECT_NE(beyond.status().message().find("more than maxErrors=1"), std::string::npos) << beyond.status();
+}
+
+// maxErrors counts bad sequences of the input, not how often they are read: a chunk parsed
+// again (each epoch here: a chunk no reader holds is dropped) meets the same two bad
+// sequences, which were counted the first time. Before, epoch 2 spent the budget again and
+// failed with "more than maxErrors=2".
+TEST_F(CtfReader, MaxErrorsCountsABadSequenceOnceHoweverOftenItIsRead) {
+  const std::string data = "1 |a 1\n2 |a x\n3 |a 3\n4 |a y\n5 |a 5\n";
+  // A chunk a line (chunkSizeInBytes: 1), so that no chunk stays held from one epoch to the next.
+  auto config = [&](const std::string& name, const std::string& text) {
+    auto c = ParseConfig(absl::StrCat("datasets:\n  d:\n    randomize: false\n    maxErrors: 2\n    deserializers:\n"
+                                      "      - type: CNTKTextFormat\n        file: ",
+                                      dir_.Write(name, text),
+                                      "\n        chunkSizeInBytes: 1\n        input: {a: {dim: 1, format: dense}}\n"),
+                         "test.yaml", "");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c->datasets[0];
+  };
+  DatasetConfig ds = config("data.ctf", data);
+  ReadOptions ro;
+  ro.epochs = 5;
+  auto out = DumpDataset(ds, ro, &messages_);
+  ASSERT_TRUE(out.ok()) << out.status();
+  const std::string epoch0 =
+      "{\"epoch\":0,\"batch\":0,\"key\":\"1\",\"streams\":{\"a\":{\"dense\":[[1]]}}}\n"
+      "{\"epoch\":0,\"batch\":0,\"key\":\"3\",\"streams\":{\"a\":{\"dense\":[[3]]}}}\n"
+      "{\"epoch\":0,\"batch\":0,\"key\":\"5\",\"streams\":{\"a\":{\"dense\":[[5]]}}}\n";
+  EXPECT_EQ(out->substr(0, epoch0.size()), epoch0);
+  EXPECT_NE(out->find("{\"epoch\":4,\"batch\":0,\"key\":\"5\""), std::string::npos) << *out;
+  // One more bad sequence than the budget still fails, in the first epoch, as before.
+  ds = config("data3.ctf", data + "6 |a z\n");
+  auto beyond = DumpDataset(ds, ro, &messages_);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.status().message().find("data3.ctf:6:6: unexpected 'z'"), std::string::npos) << beyond.status();
 }
 
 TEST_F(CtfReader, TraceLevelZeroHidesWarnings) {
