@@ -222,8 +222,8 @@ struct CudaAssembler::Impl {
     return RunProgram(prog, staging, scratch, slot, backend, &stats);
   }
 
-  // A download no batch in flight uses, made if every one is busy (one more than the
-  // caller's batches in flight at most).
+  // A download no batch in flight uses, made if every one is busy (as many as batches are
+  // in flight at once).
   absl::StatusOr<Download*> FreeDownload() {
     for (auto& d : downloads) {
       if (!d->busy) return d.get();
@@ -250,16 +250,30 @@ struct CudaAssembler::Impl {
     Download& d = **made;
     // Free: its last copy completed before its batch was waited for, so it may grow now.
     if (absl::Status st = d.device.Reserve(std::max<uint64_t>(bytes, 1), "device batch buffer"); !st.ok()) return st;
-    const bool direct = bytes > 0 && PageLocked(dst.data(), bytes);
+    bool direct = bytes > 0 && PageLocked(dst.data(), bytes);
+    auto stage = [&] { return d.pinned.Reserve(std::max<uint64_t>(bytes, 1), "pinned download buffer"); };
     if (!direct) {
-      if (absl::Status st = d.pinned.Reserve(std::max<uint64_t>(bytes, 1), "pinned download buffer"); !st.ok()) return st;
+      if (absl::Status st = stage(); !st.ok()) return st;
     }
     if (absl::Status st = Enqueue(plan, pieces, d.device.data); !st.ok()) return st;
     cudaError_t e = cudaEventRecord(d.assembled, stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(copy_stream, d.assembled, 0);
-    if (e == cudaSuccess && bytes > 0) {
-      e = cudaMemcpyAsync(direct ? static_cast<void*>(dst.data()) : d.pinned.data, d.device.data, bytes,
-                          cudaMemcpyDeviceToHost, copy_stream);
+    if (e == cudaSuccess && direct) {
+      e = cudaMemcpyAsync(dst.data(), d.device.data, bytes, cudaMemcpyDeviceToHost, copy_stream);
+      if (e == cudaErrorInvalidValue) {
+        // Both ends are page-locked but not the range between (two registrations, or a gap
+        // unregistered): the pinned buffer serves instead.
+        cudaGetLastError();
+        direct = false;
+        if (absl::Status st = stage(); !st.ok()) {
+          cudaStreamSynchronize(stream);
+          return st;
+        }
+        e = cudaSuccess;
+      }
+    }
+    if (e == cudaSuccess && !direct && bytes > 0) {
+      e = cudaMemcpyAsync(d.pinned.data, d.device.data, bytes, cudaMemcpyDeviceToHost, copy_stream);
     }
     if (e == cudaSuccess) e = cudaEventRecord(d.copied, copy_stream);
     if (e != cudaSuccess) {
@@ -344,7 +358,12 @@ absl::Status CudaAssembler::Wait(uint64_t fence) {
   if (it == m.pending.end()) return absl::InvalidArgumentError(absl::StrCat("no batch begun is waiting as fence ", fence));
   const Impl::Pending p = *it;
   m.pending.erase(it);
-  CONVEYOR_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  const cudaError_t selected = cudaSetDevice(m.device);
+  if (selected != cudaSuccess) {
+    if (p.download != nullptr) p.download->busy = false;
+    if (p.done != nullptr) m.spare_events.push_back(p.done);
+    CONVEYOR_CUDA_RETURN_IF_ERROR(selected);
+  }
   if (p.download != nullptr) {
     // The download is free again whatever happens: its copy has ended, or the device failed.
     const cudaError_t e = cudaEventSynchronize(p.download->copied);

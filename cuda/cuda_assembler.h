@@ -39,7 +39,7 @@ struct CudaAssemblerOptions {
 struct DownloadStats {
   uint64_t direct = 0;   // by DMA straight into page-locked destinations
   uint64_t staged = 0;   // into a pinned buffer, then copied on by the host (pageable destinations)
-  uint64_t buffers = 0;  // device/pinned buffer pairs made (one per batch in flight at most, plus one)
+  uint64_t buffers = 0;  // device/pinned buffer pairs made: the most batches in flight at once
 };
 
 class CudaAssembler final : public BatchAssembler {
@@ -70,6 +70,8 @@ class CudaAssembler final : public BatchAssembler {
                                  absl::Span<std::byte> dst) override;
   absl::Status Wait(uint64_t fence) override;
   bool pipelined() const override { return true; }
+  // Waits for the assembler's stream: batches into device memory are complete (batches into
+  // host memory need their Wait(), which also waits for their copy back).
   absl::Status Synchronize();
   int device() const;
   // What the programs run so far enqueued (descriptors, launches); scans whose temporary

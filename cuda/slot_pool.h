@@ -38,6 +38,11 @@ absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes);
 class HostRegistration {
  public:
   virtual ~HostRegistration() = default;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+
+ protected:
+  HostRegistration() = default;
 };
 // Registers [data, data + bytes) with `device` current. Errors: Unimplemented (no CUDA
 // backend), FailedPrecondition (no such device), ResourceExhausted (the driver refused: out

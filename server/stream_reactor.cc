@@ -3,6 +3,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "proto/status.h"
 #include "proto/wire.h"
@@ -222,7 +223,8 @@ void StreamReactor::Run() {
     }
   }
   if (run) Produce();
-  // Nothing may write into slots or buffers once the loader is gone.
+  // Nothing may write into slots or buffers once the loader is gone (Produce() has completed
+  // its batches in flight already; a loader it never ran has none).
   if (loader_) {
     while (loader_->in_flight() > 0) {
       Batch discarded;
@@ -263,6 +265,15 @@ void StreamReactor::Produce() {
   // it: one at a time.
   const size_t depth = assembler_->pipelined() ? 2 : 1;
   std::deque<std::unique_ptr<Transport::Destination>> begun;
+  // However this ends, batches still in flight are completed before their destinations go
+  // (below, `begun` before this): a destination given back may be unmapped (an inline
+  // buffer the pool does not keep), and the device, or a helper thread, may still write it.
+  absl::Cleanup complete_in_flight = [this] {
+    while (loader_->in_flight() > 0) {
+      Batch discarded;
+      (void)loader_->Complete(&discarded);
+    }
+  };
   uint64_t serial = 0;  // the next batch to begin (only this thread advances them)
   bool ended = false;
   absl::Status failed;
