@@ -17,6 +17,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/kernels/device_launch.cuh"
 #include "cuda/program_runner.h"
+#include "cuda/slot_pool.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -76,20 +77,6 @@ struct Download {
   bool busy = false;
 };
 
-// Whether every byte of [p, p + bytes) is page-locked host memory the device can write by
-// DMA (cudaPointerGetAttributes says "host" for both ends; unregistered memory says
-// "unregistered").
-bool PageLocked(const std::byte* p, uint64_t bytes) {
-  for (const std::byte* q : {p, p + bytes - 1}) {
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    if (attr.type != cudaMemoryTypeHost) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -250,7 +237,7 @@ struct CudaAssembler::Impl {
     Download& d = **made;
     // Free: its last copy completed before its batch was waited for, so it may grow now.
     if (absl::Status st = d.device.Reserve(std::max<uint64_t>(bytes, 1), "device batch buffer"); !st.ok()) return st;
-    bool direct = bytes > 0 && PageLocked(dst.data(), bytes);
+    bool direct = bytes > 0 && IsPageLocked(dst.data(), bytes);
     auto stage = [&] { return d.pinned.Reserve(std::max<uint64_t>(bytes, 1), "pinned download buffer"); };
     if (!direct) {
       if (absl::Status st = stage(); !st.ok()) return st;

@@ -123,6 +123,20 @@ absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void* data,
   return std::unique_ptr<HostRegistration>(new CudaHostRegistration(data, device));
 }
 
+bool IsPageLocked(const void* data, uint64_t bytes) {
+  if (data == nullptr || bytes == 0) return false;
+  const char* p = static_cast<const char*>(data);
+  for (const char* q : {p, p + bytes - 1}) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, q) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    if (attr.type != cudaMemoryTypeHost) return false;
+  }
+  return true;
+}
+
 absl::Status CopyMemory(void* dst, const void* src, uint64_t bytes) {
   static const bool have_device = [] {
     std::string why;

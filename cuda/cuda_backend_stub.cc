@@ -62,6 +62,8 @@ absl::StatusOr<void*> AllocateMemory(MemoryKind kind, uint64_t bytes, int) {
 
 void FreeMemory(MemoryKind, void* ptr, int) { std::free(ptr); }
 
+bool IsPageLocked(const void*, uint64_t) { return false; }
+
 absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void*, uint64_t, int) {
   return absl::UnimplementedError(absl::StrCat("page-locking host memory needs the CUDA backend; ", kNotBuilt));
 }

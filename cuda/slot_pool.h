@@ -48,6 +48,10 @@ class HostRegistration {
 // backend), FailedPrecondition (no such device), ResourceExhausted (the driver refused: out
 // of lockable memory, or memory of a kind it cannot lock), InvalidArgument (empty range).
 absl::StatusOr<std::unique_ptr<HostRegistration>> RegisterHostMemory(void* data, uint64_t bytes, int device);
+// Whether [data, data + bytes) is page-locked host memory a device writes by DMA (both ends
+// are: cudaHostAlloc'd or registered; the runtime says "unregistered" of pageable memory).
+// False without the CUDA backend or a device, and for an empty range.
+bool IsPageLocked(const void* data, uint64_t bytes);
 
 struct Slot {
   uint32_t index = 0;

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
   scripts/build.sh -DCONVEYOR_CUDA=ON >/dev/null
   cmake --build build --target conveyor_gpu_tests gpu_bench
 }
-cmake --build build --target conveyord conveyor >/dev/null 2>&1 || true
+cmake --build build --target conveyord conveyor transport_test >/dev/null 2>&1 || true
 out=build/gpu-bundle
 rm -rf "$out" && mkdir -p "$out/lib"
 cp build/tests/conveyor_gpu_tests build/bench/gpu_bench "$out/"
@@ -27,7 +27,9 @@ mkdir -p "$out/examples" && cp examples/*.yaml examples/*.ctf "$out/examples/"
 # libstdc++...; not libc, not CUDA's), for the CUDA IPC transport end to end on the device.
 if [[ -x build/server/conveyord && -x build/client/conveyor ]]; then
   cp build/server/conveyord build/client/conveyor "$out/"
-  for bin in "$out/conveyord" "$out/conveyor"; do
+  [[ -x build/tests/transport_test ]] && cp build/tests/transport_test "$out/"  # its TransportGpu tests
+  for bin in "$out/conveyord" "$out/conveyor" "$out"/transport_test; do
+    [[ -x $bin ]] || continue
     ldd "$bin" | awk '/=> \// {print $3}' | grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so|/usr/local/cuda|libcuda\.so' \
       | xargs -r -I{} cp -Ln {} "$out/lib/"
   done
@@ -59,6 +61,14 @@ if [[ $tests_rc == 0 ]]; then
   summary+=("GPU tests: ${passed:-0} passed, ${skipped:-0} skipped (skips allowed: a second device, python3), 0 failed")
 else
   summary+=("GPU tests: FAILED (${failed:-?} failed, ${passed:-0} passed; $out/gpu_tests.log)"); rc=1
+fi
+# The transports' memory page-locked for the CUDA assembler (a test of the server's, which
+# links gRPC: bundled with the daemon's libraries).
+if [[ -x "$here/transport_test" ]] && "$here/transport_test" --gtest_filter='TransportGpu*' >"$out/transport_gpu.log" 2>&1 \
+    && grep -q '^\[  PASSED  \] 1 test' "$out/transport_gpu.log"; then
+  summary+=("transports' memory page-locked for --assembler cuda (inline, shm): passed")
+else
+  summary+=("transports' memory page-locked for --assembler cuda: FAILED ($out/transport_gpu.log)"); rc=1
 fi
 # The child halves spawned by the IPC and Python tests are left out: they are processes of their own.
 filter='*Gpu*:AssemblerEquivalence/1*:AssemblerEquivalence/2*-*ChildHalf:*PythonClient*'

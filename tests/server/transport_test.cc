@@ -14,6 +14,8 @@
 #include "server/shared_memory.h"
 #include "server/transports/inline_transport.h"
 #include "server/transports/pooled_transport.h"
+#include "cuda/slot_pool.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "tests/test_util.h"
 
 namespace conveyor {
@@ -292,6 +294,50 @@ TEST_F(ShmTransportTest, ALargerBatchGetsANewSegmentAndTheIdleOldOneIsReleased) 
   EXPECT_EQ(budget_.used(), 2 * 3072u);
   transport_.reset();
   EXPECT_EQ(budget_.used(), 0u);
+}
+
+// --assembler cuda into host memory: the memory the inline and shm transports make for
+// batches is page-locked for the device (so that each batch is copied back by DMA while the
+// next is assembled), and only then. Without a device the CPU assembler serves and nothing
+// is locked.
+TEST(TransportGpu, HostMemoryIsPageLockedForTheCudaAssemblerOnly) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  testing::TempDir dir;
+  auto fds = FdServer::Start(dir.path() + "/fd.sock");
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  for (bool cuda : {true, false}) {
+    for (v1::Transport kind : {v1::TRANSPORT_INLINE, v1::TRANSPORT_SHARED_MEMORY}) {
+      SCOPED_TRACE(::testing::Message() << "cuda assembler " << cuda << ", transport " << kind);
+      ServiceOptions o;
+      o.cuda_assembler = cuda;
+      o.fd_server = fds->get();
+      MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 64 << 20);
+      auto t = MakeTransport(SubscribeWith(kind), TransportEnv{&o, &budget, 2});
+      ASSERT_TRUE(t.ok()) << t.status();
+      auto assembler = (*t)->MakeAssembler();
+      ASSERT_TRUE(assembler.ok()) << assembler.status();
+      EXPECT_STREQ((*assembler)->name(), cuda ? "cuda" : "cpu");
+      auto d = (*t)->Reserve(0, 3 << 20);
+      ASSERT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ(gpu::IsPageLocked((*d)->bytes.data(), (*d)->bytes.size()), cuda);
+    }
+  }
+}
+
+TEST(Transport, WithoutADeviceTheCudaAssemblerFallsBackAndNothingIsLocked) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "this host has a CUDA device; see TransportGpu";
+  ServiceOptions o;
+  o.cuda_assembler = true;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 20);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto assembler = (*t)->MakeAssembler();
+  ASSERT_TRUE(assembler.ok()) << assembler.status();
+  EXPECT_STREQ((*assembler)->name(), "cpu");
+  auto d = (*t)->Reserve(0, 1000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(gpu::IsPageLocked((*d)->bytes.data(), (*d)->bytes.size()));
 }
 
 }  // namespace
