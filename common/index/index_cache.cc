@@ -43,7 +43,8 @@ struct Header {
   uint64_t reserved;
 };
 static_assert(sizeof(Header) == 80, "cache header layout");
-static_assert(sizeof(Header) % alignof(SequenceEntry) == 0 && sizeof(IndexError) % alignof(SequenceEntry) == 0,
+static_assert(sizeof(Header) % alignof(SequenceEntry) == 0 &&
+                  sizeof(IndexError) % alignof(SequenceEntry) == 0,
               "records stay aligned in the mapping");
 
 // The checksum of one block of records: eight Mix64 chains over interleaved words, then
@@ -56,7 +57,8 @@ uint64_t BlockSum(const SequenceEntry* records, size_t n, uint64_t block) {
   const size_t words = n * sizeof(SequenceEntry) / 8;
   constexpr int kLanes = 8;
   uint64_t h[kLanes];
-  for (int l = 0; l < kLanes; ++l) h[l] = Mix64(0x9e3779b97f4a7c15ull + static_cast<uint64_t>(l), block);
+  for (int l = 0; l < kLanes; ++l)
+    h[l] = Mix64(0x9e3779b97f4a7c15ull + static_cast<uint64_t>(l), block);
   size_t i = 0;
   for (; i + kLanes <= words; i += kLanes) {
     for (int l = 0; l < kLanes; ++l) {
@@ -76,7 +78,8 @@ uint64_t BlockSum(const SequenceEntry* records, size_t n, uint64_t block) {
 }
 
 // The checksum over everything but the records: the header, the kept errors, the block sums.
-uint64_t FrameSum(const Header& h, const IndexError* errors, const uint64_t* block_sums, uint64_t blocks) {
+uint64_t FrameSum(const Header& h, const IndexError* errors, const uint64_t* block_sums,
+                  uint64_t blocks) {
   uint64_t sum = Hash64(&h, sizeof(Header), 0);
   if (h.kept_lines > 0) sum = Hash64(errors, h.kept_lines * sizeof(IndexError), sum);
   if (blocks > 0) sum = Hash64(block_sums, blocks * sizeof(uint64_t), sum);
@@ -118,10 +121,13 @@ struct RecordCheck {
       for (uint64_t i = begin; i < begin + n; ++i) {
         const SequenceEntry& s = records[i];
         // Written so that no sum can wrap: offset <= data_size first.
-        if (s.offset < prev_end || s.offset > data_size || s.size > data_size - s.offset || s.size == 0) {
-          return {i, absl::StrCat("sequence record ", i, " (byte ", records_offset + i * sizeof(SequenceEntry),
-                                  ") lies outside the data file or overlaps the previous one: offset ",
-                                  s.offset, ", size ", s.size, ", data file ", data_size, " bytes")};
+        if (s.offset < prev_end || s.offset > data_size || s.size > data_size - s.offset ||
+            s.size == 0) {
+          return {i,
+                  absl::StrCat("sequence record ", i, " (byte ",
+                               records_offset + i * sizeof(SequenceEntry),
+                               ") lies outside the data file or overlaps the previous one: offset ",
+                               s.offset, ", size ", s.size, ", data file ", data_size, " bytes")};
         }
         prev_end = s.offset + s.size;
       }
@@ -133,7 +139,8 @@ struct RecordCheck {
 // Runs `check` over all blocks on up to `threads` threads (0: hardware concurrency), a
 // contiguous range of blocks each; returns the earliest problem.
 RecordProblem CheckRecords(const RecordCheck& check, uint64_t blocks, int threads) {
-  uint64_t t = threads > 0 ? static_cast<uint64_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  uint64_t t = threads > 0 ? static_cast<uint64_t>(threads)
+                           : std::max(1u, std::thread::hardware_concurrency());
   // At least 16 blocks (16 MiB) a thread: below that a thread costs more than it saves.
   t = std::max<uint64_t>(1, std::min<uint64_t>({t, blocks / 16, 16}));
   std::vector<RecordProblem> found(t);
@@ -226,10 +233,10 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   std::memcpy(&h, bytes.data(), kVersionEnd);
   if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return corrupt("bad magic");
   if (h.version != kVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(cache_path, ": index cache format version ", h.version,
-                     h.version < kVersion ? " (written by an older conveyor)" : " (written by a newer conveyor)",
-                     ", this build reads version ", kVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        cache_path, ": index cache format version ", h.version,
+        h.version < kVersion ? " (written by an older conveyor)" : " (written by a newer conveyor)",
+        ", this build reads version ", kVersion));
   }
   if (size < sizeof(Header) + sizeof(uint64_t)) return corrupt("truncated header");
   std::memcpy(&h, bytes.data(), sizeof(Header));
@@ -237,17 +244,20 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   if (h.block_records == 0 || h.block_records > kMaxBlockRecords) {
     return corrupt(absl::StrCat("bad block size ", h.block_records));
   }
-  if (h.num_sequences > size / sizeof(SequenceEntry)) return corrupt("sequence count exceeds the file size");
+  if (h.num_sequences > size / sizeof(SequenceEntry))
+    return corrupt("sequence count exceeds the file size");
   const uint64_t blocks = (h.num_sequences + h.block_records - 1) / h.block_records;
   const uint64_t records_offset = sizeof(Header) + h.kept_lines * sizeof(IndexError);
   const uint64_t sums_offset = records_offset + h.num_sequences * sizeof(SequenceEntry);
   const uint64_t expected = sums_offset + blocks * sizeof(uint64_t) + sizeof(uint64_t);
   if (size != expected) return corrupt(absl::StrCat("size ", size, " bytes, expected ", expected));
   if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
-    return absl::FailedPreconditionError(absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
   }
   if (h.config_hash != config_hash) {
-    return absl::FailedPreconditionError(absl::StrCat(cache_path, ": index cache was built for another configuration"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(cache_path, ": index cache was built for another configuration"));
   }
   // All offsets below are multiples of 8 from the page-aligned mapping.
   const auto* errors = reinterpret_cast<const IndexError*>(bytes.data() + sizeof(Header));
@@ -261,8 +271,8 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   // The records: each block against its sum, each record against the data size: a cache must
   // never send a reader out of bounds. The content hash is the stored one (the writer's
   // Index::content_hash), not recomputed: that was a serial pass over all records.
-  const RecordCheck check{file.get(), records, records_offset, h.num_sequences, h.block_records,
-                          block_sums, h.data_size};
+  const RecordCheck check{file.get(),      records,    records_offset, h.num_sequences,
+                          h.block_records, block_sums, h.data_size};
   RecordProblem problem = CheckRecords(check, blocks, threads);
   if (problem.record != UINT64_MAX) return corrupt(problem.what);
 

@@ -1,7 +1,7 @@
-// sequence_table.h: SequenceEntry (one sequence's record) and SequenceTable, the storage of Index::sequences. The records are either
-// owned (a vector, as an indexer builds them) or borrowed from a read-only mapping of an
-// index cache file, used in place: opening a 10^8-sequence dataset from its cache then costs
-// no fresh memory and no copy of its 3.2 GB of records (issue 19).
+// sequence_table.h: SequenceEntry (one sequence's record) and SequenceTable, the storage of
+// Index::sequences. The records are either owned (a vector, as an indexer builds them) or borrowed
+// from a read-only mapping of an index cache file, used in place: opening a 10^8-sequence dataset
+// from its cache then costs no fresh memory and no copy of its 3.2 GB of records (issue 19).
 //
 // The interface is the part of std::vector<SequenceEntry> the code uses. Reading never copies.
 // Every non-const member (push_back, resize, erase, the non-const operator[], data(), begin(),
@@ -105,9 +105,9 @@ class SequenceTable {
     size_ = owned_.size();
   }
 
-  std::vector<SequenceEntry> owned_;      // the records when not borrowed
+  std::vector<SequenceEntry> owned_;       // the records when not borrowed
   std::shared_ptr<const void> keepalive_;  // non-null when borrowed
-  const SequenceEntry* data_ = nullptr;   // owned_.data() or the borrowed records
+  const SequenceEntry* data_ = nullptr;    // owned_.data() or the borrowed records
   size_t size_ = 0;
 };
 

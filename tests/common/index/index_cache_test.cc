@@ -2,6 +2,8 @@
 // block checksums, and every way a cache file can be wrong (flipped bytes, truncation, records
 // past the data's end, an older format version): refused with DataLoss or FailedPrecondition,
 // never a crash, never wrong data.
+#include "common/index/index_cache.h"
+
 #include <unistd.h>
 
 #include <cstring>
@@ -11,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/dataset/dataset.h"
 #include "common/hash.h"
-#include "common/index/index_cache.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -57,7 +58,8 @@ TEST(IndexCacheV4, LoadedRecordsAreUsedInPlace) {
   const Index& back = **read;
   EXPECT_TRUE(back.sequences.borrowed());
   ASSERT_EQ(back.sequences.size(), 1000u);
-  EXPECT_EQ(std::memcmp(back.sequences.data(), index.sequences.data(), 1000 * sizeof(SequenceEntry)), 0);
+  EXPECT_EQ(
+      std::memcmp(back.sequences.data(), index.sequences.data(), 1000 * sizeof(SequenceEntry)), 0);
   EXPECT_EQ(back.sequences[999].offset, 9990u);
   // The content hash cursors carry: stored, and the value ComputeContentHash gives.
   EXPECT_EQ(back.content_hash, index.content_hash);
@@ -111,7 +113,8 @@ TEST(IndexCacheV4, EveryFlippedByteIsRefused) {
     Overwrite(path, bad);
     absl::Status st;
     Load(path, 50, &st);
-    EXPECT_TRUE(st.code() == absl::StatusCode::kDataLoss || st.code() == absl::StatusCode::kFailedPrecondition)
+    EXPECT_TRUE(st.code() == absl::StatusCode::kDataLoss ||
+                st.code() == absl::StatusCode::kFailedPrecondition)
         << "byte " << at << ": " << st;
   }
 }
@@ -123,14 +126,16 @@ TEST(IndexCacheV4, FlippedByteInTheRecordsNamesTheBlock) {
   const std::string path = dir.path() + "/x.cvyidx";
   ASSERT_TRUE(WriteIndexCache(path, index, Stamp(1000000), kConfigHash).ok());
   std::string bytes = ReadFile(path);
-  const uint64_t record = 40000;  // in block 1
+  const uint64_t record = 40000;                        // in block 1
   bytes[kHeaderBytes + 32 + record * 32 + 20] ^= 0x01;  // its `line`: no bounds check would see it
   Overwrite(path, bytes);
   absl::Status st;
   const std::string msg = Load(path, 1000000, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(msg.find("corrupt index cache: records 32768-65535 (bytes 1048688-2097264) fail their checksum"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find(
+          "corrupt index cache: records 32768-65535 (bytes 1048688-2097264) fail their checksum"),
+      std::string::npos)
       << msg;
 }
 
@@ -140,8 +145,8 @@ TEST(IndexCacheV4, TruncatedOrExtendedFileIsRefused) {
   const std::string path = dir.path() + "/x.cvyidx";
   ASSERT_TRUE(WriteIndexCache(path, index, Stamp(400000), kConfigHash).ok());
   const std::string good = ReadFile(path);
-  for (size_t keep : {size_t{0}, size_t{4}, size_t{12}, size_t{79}, size_t{80}, size_t{88}, good.size() / 2,
-                      good.size() - 16, good.size() - 8, good.size() - 1}) {
+  for (size_t keep : {size_t{0}, size_t{4}, size_t{12}, size_t{79}, size_t{80}, size_t{88},
+                      good.size() / 2, good.size() - 16, good.size() - 8, good.size() - 1}) {
     Overwrite(path, good.substr(0, keep));
     absl::Status st;
     const std::string msg = Load(path, 400000, &st);
@@ -152,7 +157,8 @@ TEST(IndexCacheV4, TruncatedOrExtendedFileIsRefused) {
   absl::Status st;
   const std::string msg = Load(path, 400000, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(msg.find(absl::StrCat("size ", good.size() + 1, " bytes, expected ", good.size())), std::string::npos)
+  EXPECT_NE(msg.find(absl::StrCat("size ", good.size() + 1, " bytes, expected ", good.size())),
+            std::string::npos)
       << msg;
 }
 
@@ -166,10 +172,10 @@ TEST(IndexCacheV4, RecordPastTheDataEndIsRefused) {
     SequenceEntry bad;
   };
   const Case cases[] = {
-      {"past the end", {5, 50, 5, 11, 1}},          // ends at 61 > 60
+      {"past the end", {5, 50, 5, 11, 1}},  // ends at 61 > 60
       {"starts past the end", {5, 70, 5, 1, 1}},
       {"wraps around", {5, UINT64_MAX - 4, 5, 10, 1}},  // offset + size wraps to 5
-      {"overlaps", {5, 45, 5, 10, 1}},              // previous ends at 50
+      {"overlaps", {5, 45, 5, 10, 1}},                  // previous ends at 50
       {"empty", {5, 50, 5, 0, 1}},
   };
   for (const Case& c : cases) {
@@ -180,7 +186,8 @@ TEST(IndexCacheV4, RecordPastTheDataEndIsRefused) {
     absl::Status st;
     const std::string msg = Load(path, 60, &st);
     EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << c.name << ": " << st;
-    EXPECT_NE(msg.find("sequence record 5 (byte 272) lies outside the data file"), std::string::npos)
+    EXPECT_NE(msg.find("sequence record 5 (byte 272) lies outside the data file"),
+              std::string::npos)
         << c.name << ": " << msg;
   }
   // The same records against a data file one byte longer than the last one needs: accepted.
@@ -204,7 +211,8 @@ TEST(IndexCacheV4, ProblemsInLateBlocksAreFoundOnEveryThread) {
     auto read = ReadIndexCache(path, Stamp(n * 10), kConfigHash, threads);
     ASSERT_FALSE(read.ok()) << threads;
     EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_NE(read.status().message().find(absl::StrCat("sequence record ", n - 2, " ")), std::string::npos)
+    EXPECT_NE(read.status().message().find(absl::StrCat("sequence record ", n - 2, " ")),
+              std::string::npos)
         << threads << ": " << read.status();
   }
 }
@@ -223,7 +231,8 @@ TEST(IndexCacheV4, OldVersionIsRefusedAsStale) {
   absl::Status st;
   const std::string msg = Load(path, 30, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(msg.find("index cache format version 3 (written by an older conveyor), this build reads version 4"),
+  EXPECT_NE(msg.find("index cache format version 3 (written by an older conveyor), this build "
+                     "reads version 4"),
             std::string::npos)
       << msg;
 }
@@ -244,7 +253,9 @@ TEST(IndexCacheV4, ReplacedCacheLeavesALoadedIndexIntact) {
   ASSERT_EQ(::unlink(path.c_str()), 0);
   ASSERT_TRUE(loaded.sequences.borrowed());
   ASSERT_EQ(loaded.sequences.size(), 70000u);
-  EXPECT_EQ(std::memcmp(loaded.sequences.data(), first.sequences.data(), 70000 * sizeof(SequenceEntry)), 0);
+  EXPECT_EQ(
+      std::memcmp(loaded.sequences.data(), first.sequences.data(), 70000 * sizeof(SequenceEntry)),
+      0);
 }
 
 // Non-const use of a borrowed table copies it first (the mapping is read-only); copies are
@@ -294,7 +305,8 @@ TEST(SequenceTable, BorrowedTableDetachesOnWrite) {
 TEST(IndexCacheV4, DatasetReadsTheCacheInPlace) {
   TempDir dir;
   std::string text;
-  for (int i = 0; i < 3000; ++i) text += std::to_string(i / 3) + " |a " + std::to_string(i % 7) + " 1 2\n";
+  for (int i = 0; i < 3000; ++i)
+    text += std::to_string(i / 3) + " |a " + std::to_string(i % 7) + " 1 2\n";
   const std::string data = dir.Write("d.ctf", text);
   DatasetConfig cached = CtfDataset(data, "{a: {dim: 3, format: dense}}", "cacheIndex: true");
   DatasetConfig plain = CtfDataset(data, "{a: {dim: 3, format: dense}}");
