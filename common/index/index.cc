@@ -9,8 +9,9 @@ void Index::BuildChunks(uint64_t chunk_size) {
   total_samples = 0;
   ChunkEntry cur;
   uint64_t cur_bytes = 0;
-  for (uint64_t i = 0; i < sequences.size(); ++i) {
-    const SequenceEntry& s = sequences[i];
+  const SequenceTable& seqs = sequences;  // const: a borrowed table is read in place
+  for (uint64_t i = 0; i < seqs.size(); ++i) {
+    const SequenceEntry& s = seqs[i];
     if (cur.num_sequences > 0 && cur_bytes + s.size > chunk_size) {
       chunks.push_back(cur);
       cur = ChunkEntry();
@@ -30,7 +31,8 @@ void Index::BuildChunks(uint64_t chunk_size) {
 }
 
 void Index::ComputeContentHash() {
-  content_hash = Hash64(sequences.data(), sequences.size() * sizeof(SequenceEntry));
+  const SequenceTable& seqs = sequences;  // const: a borrowed table is read in place
+  content_hash = Hash64(seqs.data(), seqs.size() * sizeof(SequenceEntry));
   for (const std::string& n : names) content_hash = Hash64(n.data(), n.size(), content_hash);
 }
 

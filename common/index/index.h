@@ -6,20 +6,11 @@
 
 #include <cstdint>
 #include <string>
-#include <string>
 #include <vector>
 
-namespace conveyor {
+#include "common/index/sequence_table.h"
 
-// One sequence. 32 bytes; trivially copyable (the cache file stores these records).
-struct SequenceEntry {
-  uint64_t key = 0;          // the numeric id as written, or the 0-based line number
-  uint64_t offset = 0;       // byte offset of the sequence's first line in the file
-  uint64_t line = 0;         // 0-based line number of that first line
-  uint32_t size = 0;         // bytes, from `offset` to the end of its last line (newline included)
-  uint32_t num_samples = 0;  // rows (or rows carrying the definesMBSize stream)
-};
-static_assert(sizeof(SequenceEntry) == 32, "SequenceEntry is a cache-file record");
+namespace conveyor {
 
 struct ChunkEntry {
   uint64_t first_sequence = 0;  // index into Index::sequences
@@ -51,12 +42,15 @@ struct Index {
   bool keys_are_line_numbers = false;  // no ids in the file (or skipSequenceIds)
   // Formats keyed by strings (Kaldi, HTK): sequence i is called names[i] (and its `key` is i).
   std::vector<std::string> names;
-  std::vector<SequenceEntry> sequences;
+  // In file order. Owned when built; borrowed from the cache file's mapping when loaded from
+  // an index cache (sequence_table.h: read it through a const reference).
+  SequenceTable sequences;
   std::vector<ChunkEntry> chunks;
   uint64_t total_samples = 0;
   uint64_t file_size = 0;
   IndexErrors errors;
-  // Hash64 of the sequence records: the identity cursors carry (ComputeContentHash()).
+  // Hash64 of the sequence records (and names): the identity cursors carry
+  // (ComputeContentHash(); an index cache stores it).
   uint64_t content_hash = 0;
   void ComputeContentHash();
 

@@ -56,7 +56,7 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
   bool loaded = false;
   if (context.dataset.cache_index) {
     cache_path_ = IndexCachePath(d.file, hash);
-    auto cached = ReadIndexCache(cache_path_, file_->stamp(), hash);
+    auto cached = ReadIndexCache(cache_path_, file_->stamp(), hash, io.threads);
     if (cached.ok() && cached->has_value()) {
       index_ = std::move(**cached);
       index_.BuildChunks(d.chunk_size_in_bytes);

@@ -164,6 +164,18 @@ TEST_F(IndexCacheTest, CorruptCacheIsRebuilt) {
   EXPECT_EQ(Open(), IndexSource::kRebuiltBadCache);
 }
 
+// A cache written by an older build (format version 3) is stale: rebuilt, then rewritten in
+// the current format and used.
+TEST_F(IndexCacheTest, OldVersionCacheIsRebuilt) {
+  Open();
+  std::string bytes = ReadFile(cache_);
+  const uint32_t v3 = 3;
+  std::memcpy(&bytes[8], &v3, sizeof(v3));
+  std::ofstream(cache_, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(Open(), IndexSource::kRebuiltStaleCache);
+  EXPECT_EQ(Open(), IndexSource::kCache);
+}
+
 TEST_F(IndexCacheTest, OtherConfigurationUsesAnotherCache) {
   Open();
   const std::string first = cache_;
@@ -188,13 +200,13 @@ TEST(IndexCacheFile, RefusesRecordsOutsideTheDataFile) {
 }
 
 
-// A cache larger than one read block (ReadIndexCache reads, hashes and checks the records a
-// few MiB at a time): the records, the errors and the content hash come back as written, and
-// a flipped byte or an out-of-range record in a late block is still caught.
+// A cache larger than one checksummed block (ReadIndexCache checks the records 1 MiB at a
+// time): the records, the errors and the content hash come back as written, and a flipped
+// byte or an out-of-range record in a late block is still caught.
 TEST(IndexCacheFile, LargeCacheRoundTripsBlockByBlock) {
   TempDir dir;
   Index index;
-  constexpr uint64_t kRecords = 300001;  // > 2 blocks of 4 MiB, and not a multiple of one
+  constexpr uint64_t kRecords = 300001;  // > 9 blocks of 1 MiB, and not a multiple of one
   for (uint64_t i = 0; i < kRecords; ++i) index.sequences.push_back({i * 3, i * 10, i, 10, static_cast<uint32_t>(1 + i % 5)});
   index.errors.count = 7;
   index.errors.first.push_back({IndexError::kRepeatedId, 42, 40, 9});
