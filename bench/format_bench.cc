@@ -2,6 +2,10 @@
 // parser thread can deliver before the loader's own costs. Kaldi archives from
 // tests/data/kaldi (the same ones Kaldi's single-core rates in bench/RESULTS.md were measured on):
 // FM (plain floats), CM (1 byte a value, per-column percentiles), CM2 (uint16), CM3 (uint8).
+// CBF: ctf2bin's layout, made here in memory in the shape of `gen_ctf sparse` converted (two
+// sparse float streams of dim 50000, 15 entries a one-sample sequence), 64 MiB in 8 MiB chunks
+// (past the last-level cache, as a file read from the page cache is): ParseCbfChunk of every
+// chunk, which checks every count and index and leaves the entries where they lie.
 //   build/bench/format_bench [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
 // Throughput is MB/s of archive bytes (counters "bytes_per_second").
 #include <benchmark/benchmark.h>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/kaldi/kaldi_table.h"
 
 namespace conveyor {
@@ -80,6 +85,81 @@ BENCHMARK_CAPTURE(BM_KaldiDecode, FM, std::string("feats.ark"));
 BENCHMARK_CAPTURE(BM_KaldiDecode, CM, std::string("cm_speech.ark"));
 BENCHMARK_CAPTURE(BM_KaldiDecode, CM2, std::string("cm_2byte_auto.ark"));
 BENCHMARK_CAPTURE(BM_KaldiDecode, CM3, std::string("cm_1byte_auto.ark"));
+
+template <typename V>
+void Put(std::string* out, V v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(V));
+}
+
+// A CBF file in ctf2bin's layout (cbf_reader.h): about `size` bytes of one-sample sequences
+// of two sparse float streams, dim 50000, 15 entries each, in chunks of about `chunk` bytes.
+std::string SparseCbf(uint64_t size, uint64_t chunk) {
+  constexpr uint32_t kDim = 50000, kNnz = 15;
+  constexpr uint64_t kSequenceBytes = 4 + 2 * (8 + kNnz * 8 + 4);
+  std::string out;
+  Put<uint64_t>(&out, kCbfMagic);
+  Put<uint32_t>(&out, 1);
+  std::vector<std::pair<int64_t, uint32_t>> chunks;  // offset, sequences
+  uint64_t rng = 88172645463325252ull;
+  auto next = [&rng] { return rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; };
+  while (out.size() + chunk <= size) {
+    const uint32_t n = static_cast<uint32_t>(chunk / kSequenceBytes);
+    chunks.emplace_back(static_cast<int64_t>(out.size()), n);
+    for (uint32_t j = 0; j < n; ++j) Put<uint32_t>(&out, 1);
+    for (int s = 0; s < 2; ++s) {
+      for (uint32_t j = 0; j < n; ++j) {
+        Put<uint32_t>(&out, 1);
+        Put<int32_t>(&out, kNnz);
+        for (uint32_t k = 0; k < kNnz; ++k) Put<float>(&out, static_cast<float>(next() % 1000) / 7);
+        for (uint32_t k = 0; k < kNnz; ++k) Put<int32_t>(&out, static_cast<int32_t>(next() % kDim));
+        Put<int32_t>(&out, kNnz);
+      }
+    }
+  }
+  const int64_t header = static_cast<int64_t>(out.size());
+  Put<uint64_t>(&out, kCbfMagic);
+  Put<uint32_t>(&out, static_cast<uint32_t>(chunks.size()));
+  Put<uint32_t>(&out, 2);
+  for (const char* name : {"q", "d"}) {
+    Put<uint8_t>(&out, 1);  // sparse
+    Put<uint32_t>(&out, 1);
+    out += name;
+    Put<uint8_t>(&out, 0);  // float
+    Put<uint32_t>(&out, kDim);
+  }
+  for (const auto& [offset, n] : chunks) {
+    Put<int64_t>(&out, offset);
+    Put<uint32_t>(&out, n);
+    Put<uint32_t>(&out, n);
+  }
+  Put<int64_t>(&out, header);
+  return out;
+}
+
+void BM_CbfSparseParse(benchmark::State& state) {
+  const std::string bytes = SparseCbf(64u << 20, 8u << 20);
+  auto file = ReadCbfFile(bytes, "bench.cbf");
+  auto index = file.ok() ? BuildCbfIndex(*file, bytes, "bench.cbf") : file.status();
+  if (!index.ok()) {
+    state.SkipWithError(std::string(index.status().message()).c_str());
+    return;
+  }
+  const std::vector<int> source = {0, 1};
+  for (auto _ : state) {
+    for (uint64_t c = 0; c < file->chunks.size(); ++c) {
+      auto chunk = ParseCbfChunk(bytes, *file, *index, c, source, Precision::kFloat, "bench.cbf");
+      if (!chunk.ok()) {
+        state.SkipWithError(std::string(chunk.status().message()).c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(chunk->get());
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes.size()));
+  state.counters["sequences_per_second"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * index->sequences.size()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CbfSparseParse)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace conveyor

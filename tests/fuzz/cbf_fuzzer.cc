@@ -1,6 +1,7 @@
 // libFuzzer: arbitrary bytes as a CNTK binary file. Header, index and every chunk are read
 // with all of the file's streams; any input must end in a status, never a read out of bounds
-// (ASan) or undefined behaviour (UBSan).
+// (ASan) or undefined behaviour (UBSan). And the decoder must accept exactly the chunks the
+// listing's checked walk (CountCbfChunk) accepts, with the same message where it refuses.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -21,6 +22,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t s = 0; s < file->streams.size(); ++s) source.push_back(static_cast<int>(s));
   for (size_t c = 0; c < file->chunks.size() && c < 64; ++c) {
     auto chunk = conveyor::ParseCbfChunk(bytes, *file, *index, c, source, precision, "fuzz.bin");
+    conveyor::CbfChunkCounts counts;
+    if (conveyor::CountCbfChunk(bytes, *file, *index, c, source, precision, "fuzz.bin", &counts) !=
+        chunk.status()) {
+      __builtin_trap();
+    }
     if (!chunk.ok()) continue;
     // Every value the chunk leaves where it lies in the input is read, as the assembler
     // reads it: a pointer past the input is an ASan report here.

@@ -307,6 +307,62 @@ TEST(Cbf, EveryTruncationAndCorruptionIsAnErrorOrARead) {
 }
 
 
+// ctf2bin's layout is decoded by one tight pass per stream that asks the checked walk (the
+// listing's, CountCbfChunk) why when it refuses a chunk: the two must accept exactly the same
+// chunks. Each real file, indexed intact, then each byte of its chunks damaged in four ways
+// (the file changed after indexing): the decode and the listing give the same status and
+// message, and where both accept, the same samples per sequence and stream.
+TEST(Cbf, TheDecoderAcceptsExactlyWhatTheListingAccepts) {
+  for (const char* name : {"10x10_sparse", "10x10_dense", "50x20_jagged_sequences_sparse",
+                           "50x20_jagged_sequences_dense", "Simple_jagged_sequence"}) {
+    SCOPED_TRACE(name);
+    const std::string good = ReadFile(BinDir() + name + ".bin");
+    std::string bad = good;  // damaged one byte at a time, restored after
+    auto file = ReadCbfFile(good, "f.bin");
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto index = BuildCbfIndex(*file, good, "f.bin");
+    ASSERT_TRUE(index.ok()) << index.status();
+    const Precision precision = file->streams[0].precision;
+    // Every stream delivered; and, skipped streams still checked, the last one alone.
+    const std::vector<std::vector<int>> sources = {
+        [&] {
+          std::vector<int> all(file->streams.size());
+          for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int>(s);
+          return all;
+        }(),
+        {static_cast<int>(file->streams.size()) - 1}};
+    const uint64_t stride = good.size() > 100000 ? 61 : 1;
+    size_t refused = 0, accepted = 0;
+    for (uint64_t i = file->chunks[0].offset; i < file->header_offset; i += stride) {
+      uint64_t c = 0;
+      while (file->chunks[c].end <= i) ++c;
+      for (int flip : {0x01, 0x40, 0x80, 0xFF}) {
+        bad[i] = static_cast<char>(good[i] ^ flip);
+        for (const std::vector<int>& source : sources) {
+          auto parsed = ParseCbfChunk(bad, *file, *index, c, source, precision, "f.bin");
+          CbfChunkCounts counts;
+          const absl::Status listed = CountCbfChunk(bad, *file, *index, c, source, precision, "f.bin", &counts);
+          ASSERT_EQ(parsed.status(), listed) << "byte " << i << " ^ " << flip;
+          if (!listed.ok()) {
+            ++refused;
+            continue;
+          }
+          ++accepted;
+          ASSERT_EQ((*parsed)->slot_of, counts.slot_of) << "byte " << i << " ^ " << flip;
+          for (size_t k = 0, slot = 0; slot < (*parsed)->num_sequences(); ++slot) {
+            for (const ParsedStream& ps : (*parsed)->streams) {
+              ASSERT_EQ(ps.num_samples(slot), counts.samples[k++]) << "byte " << i << " ^ " << flip;
+            }
+          }
+        }
+      }
+      bad[i] = good[i];
+    }
+    EXPECT_GT(refused, 100u);
+    EXPECT_GT(accepted, 100u);
+  }
+}
+
 // ---- The documented layout ("BrainScript CNTK Binary Reader"): header, offsets table, data.
 
 template <typename V>
@@ -314,12 +370,14 @@ void Put(std::string* out, V v) {
   out->append(reinterpret_cast<const char*>(&v), sizeof(V));
 }
 
-// Writes float `dataset`'s chunks in the documented layout, independently of the reader:
-// every dataset chunk one file chunk; dense streams must hold one sample a sequence; sparse
-// streams are written as sequences, rows coded sample * dim + index.
-std::string WriteDocumented(const Dataset& dataset) {
+// Writes `dataset`'s chunks in the documented layout, independently of the reader: every
+// dataset chunk one file chunk, values in the dataset's precision; dense streams must hold
+// one sample a sequence; sparse streams are written with `is_sequence` (when false, each
+// sequence must have one sample), rows coded sample * dim + index.
+std::string WriteDocumented(const Dataset& dataset, bool is_sequence = true) {
   std::string header, table, data;
   const auto& streams = dataset.streams();
+  const bool f64 = dataset.config().precision == Precision::kDouble;
   Put<int64_t>(&header, 1);
   Put<int64_t>(&header, static_cast<int64_t>(dataset.index().chunks.size()));
   Put<int32_t>(&header, static_cast<int32_t>(streams.size()));
@@ -329,10 +387,11 @@ std::string WriteDocumented(const Dataset& dataset) {
     const bool sparse = sc.format == StreamFormat::kSparse;
     Put<int32_t>(&header, sparse ? 1 : 0);
     if (sparse) Put<int32_t>(&header, 0);  // storage: CSC
-    Put<int32_t>(&header, 0);              // float
-    if (sparse) Put<int32_t>(&header, 1);  // isSequence
+    Put<int32_t>(&header, f64 ? 1 : 0);    // float or double
+    if (sparse) Put<int32_t>(&header, is_sequence ? 1 : 0);
     Put<int32_t>(&header, static_cast<int32_t>(sc.dim));
   }
+  const size_t elem = f64 ? 8 : 4;
   for (uint64_t c = 0; c < dataset.index().chunks.size(); ++c) {
     auto parsed = dataset.ParseChunk(c);
     EXPECT_TRUE(parsed.ok()) << parsed.status();
@@ -346,13 +405,17 @@ std::string WriteDocumented(const Dataset& dataset) {
       if (ps.format == StreamFormat::kDense) {
         EXPECT_EQ(ps.total_samples(), pc.num_sequences());
         for (uint32_t seq = 0; seq < pc.num_sequences(); ++seq) {
-          data.append(reinterpret_cast<const char*>(ps.DenseSamples(seq, seq, 4)), ps.dim * 4);
+          data.append(reinterpret_cast<const char*>(ps.DenseSamples(seq, seq, elem)), ps.dim * elem);
         }
         continue;
       }
       Put<int32_t>(&data, static_cast<int32_t>(ps.indices.size()));
-      data.append(reinterpret_cast<const char*>(ps.values_f32.data()), ps.values_f32.size() * 4);
+      if (f64) data.append(reinterpret_cast<const char*>(ps.values_f64.data()), ps.values_f64.size() * 8);
+      else data.append(reinterpret_cast<const char*>(ps.values_f32.data()), ps.values_f32.size() * 4);
       for (uint64_t seq = 0; seq < pc.num_sequences(); ++seq) {
+        if (!is_sequence) {
+          EXPECT_EQ(ps.num_samples(seq), 1u);
+        }
         for (uint64_t t = ps.sequence_begin[seq]; t < ps.sequence_begin[seq + 1]; ++t) {
           for (uint64_t k = ps.nnz_begin[t]; k < ps.nnz_begin[t + 1]; ++k) {
             Put<int32_t>(&data, static_cast<int32_t>((t - ps.sequence_begin[seq]) * ps.dim) + ps.indices[k]);
@@ -418,10 +481,19 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   EXPECT_EQ(y.nnz_begin, (std::vector<uint64_t>{0, 1, 1, 2}));  // samples 0, 1 (empty), 2
   EXPECT_EQ(y.indices, (std::vector<int32_t>{3, 1}));
   EXPECT_EQ(y.values_f32, (std::vector<float>{0.5f, -1.f}));
+  EXPECT_TRUE(y.sparse_values_in_place.empty());  // entries of sample 2: sorted into columns
+  // Chunk 1's entries are all in sample 0: used where they lie (row code = index).
   auto c1 = (*ds)->ParseChunk(1);
   ASSERT_TRUE(c1.ok()) << c1.status();
-  EXPECT_EQ((*c1)->streams[1].indices, (std::vector<int32_t>{4, 0}));
-  EXPECT_EQ((*c1)->streams[1].values_f32, (std::vector<float>{3.f, 2.f}));
+  const ParsedStream& y1 = (*c1)->streams[1];
+  ASSERT_EQ(y1.sparse_values_in_place.size(), 1u);
+  EXPECT_TRUE(y1.indices.empty() && y1.values_f32.empty());
+  EXPECT_EQ(y1.sequence_begin, (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(y1.nnz_begin, (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(y1.SparseIndex(0, 0), 4);
+  EXPECT_EQ(y1.SparseIndex(0, 1), 0);
+  EXPECT_EQ(y1.SparseValue<float>(0, 0), 3.f);
+  EXPECT_EQ(y1.SparseValue<float>(0, 1), 2.f);
   // And through the whole read path.
   ReadOptions ro;
   ro.minibatch_size = 100;
@@ -451,6 +523,58 @@ TEST(CbfDocumented, RoundTripsCntkTestData) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_GT(a->size(), 1000u);
     EXPECT_EQ(Normalized(*a), Normalized(*b));
+  }
+}
+
+// One-sample sparse sequences (an input that is not a sequence, or a sequence input whose
+// entries are all in sample 0): their entries are used where they lie in the file, row code =
+// index, and read through them they give what the text gives, as CSC, CSR and dense, in
+// float and double, with entries out of index order, repeated indices and sequences without
+// entries (an empty sample of an input that is not a sequence; none of one that is).
+TEST(CbfDocumented, SampleZeroEntriesAreUsedWhereTheyLie) {
+  TempDir dir;
+  for (Precision precision : {Precision::kFloat, Precision::kDouble}) {
+    for (bool is_sequence : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(precision == Precision::kFloat ? "float" : "double", is_sequence ? ", sequence" : ""));
+      std::string text;
+      for (int i = 0; i < 120; ++i) {
+        text += std::to_string(i) + " |d " + std::to_string(i) + " 0.5";
+        if (i % 7 != 3) {
+          text += " |s " + std::to_string(40 - i % 40) + ":1.5 " + std::to_string(i % 13) + ":-2 " +
+                  std::to_string(i % 13) + ":0.25";
+        } else if (!is_sequence) {
+          text += " |s";  // an empty sample
+        }
+        text += "\n";
+      }
+      DatasetConfig config = CtfDataset(dir.Write("in.ctf", text), "{d: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}",
+                                        "randomize: false");
+      config.precision = precision;
+      auto ds = Dataset::Open(config);
+      ASSERT_TRUE(ds.ok()) << ds.status();
+      const std::string path = dir.Write("doc.bin", WriteDocumented(**ds, is_sequence));
+      auto back = Dataset::Open(CbfDataset(path, precision));
+      ASSERT_TRUE(back.ok()) << back.status();
+      auto chunk = (*back)->ParseChunk(0);
+      ASSERT_TRUE(chunk.ok()) << chunk.status();
+      const ParsedStream& s = (*chunk)->streams[1];
+      EXPECT_EQ(s.sparse_values_in_place.size(), (*chunk)->num_sequences());
+      EXPECT_TRUE(s.indices.empty() && s.values_f32.empty() && s.values_f64.empty());
+      EXPECT_EQ(s.total_entries(), (120u - 17u) * 3);  // i % 7 == 3: 17 without entries
+      EXPECT_EQ(s.total_samples(), is_sequence ? 103u : 120u);
+      for (OutputLayout layout : {OutputLayout::kCsc, OutputLayout::kCsr, OutputLayout::kDense}) {
+        SCOPED_TRACE(OutputLayoutName(layout));
+        ReadOptions ro;
+        ro.minibatch_size = 16;
+        ro.request.layouts["s"] = layout;
+        auto a = DumpDataset(config, ro);
+        auto b = DumpDataset(CbfDataset(path, precision), ro);
+        ASSERT_TRUE(a.ok()) << a.status();
+        ASSERT_TRUE(b.ok()) << b.status();
+        EXPECT_GT(a->size(), 1000u);
+        EXPECT_EQ(Normalized(*a), Normalized(*b));
+      }
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // "cntk_bin", chunks, then the header at the offset the file's last 8 bytes give).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/formats/cbf/cbf_layout.h"
@@ -10,14 +11,15 @@
 namespace conveyor::cbf {
 namespace {
 
-// Walks chunk `chunk_id` and checks all of it: `lengths` and `counts` (per delivered stream,
-// per sequence) always, the streams' columns into `out` where it is given. Without `out` no
-// value is read (a sparse sequence's indices and per-sample counts still are, to check them),
-// and the walk fails exactly where and as the decode does: one loop serves both.
+// Walks chunk `chunk_id` and checks all of it, item by item, saying where and why it fails:
+// the reference for what a chunk must satisfy. Fills `lengths` and `counts` (per delivered
+// stream, per sequence); no value is read (a sparse sequence's indices and per-sample counts
+// are, to check them). Listing a chunk (CountCntkLayoutChunk) is this walk; decoding one is
+// FastWalk, which accepts exactly what this walk accepts and asks it why when it does not.
 template <typename T>
-absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
-                       const std::vector<int>& source, const std::string& path, ParsedChunk* out,
-                       std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
+absl::Status CheckedWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
+                         const std::vector<int>& source, const std::string& path,
+                         std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
   const CbfChunkInfo& chunk = file.chunks[chunk_id];
   Reader r(bytes, chunk.offset, chunk.end);
   auto bad = [&](const std::string& what) {
@@ -32,42 +34,11 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
   // Which output stream each file stream feeds (-1: skipped).
   std::vector<int> target(file.streams.size(), -1);
   for (size_t i = 0; i < source.size(); ++i) target[source[i]] = static_cast<int>(i);
-  if (out != nullptr) out->streams.resize(source.size());
-  for (size_t i = 0; out != nullptr && i < source.size(); ++i) {
-    ParsedStream& ps = out->streams[i];
-    ps.format = file.streams[source[i]].format;
-    ps.dim = file.streams[source[i]].dim;
-    ps.sequence_begin.reserve(uint64_t{n_seq} + 1);
-    if (ps.format == StreamFormat::kDense) ps.in_place.reserve(n_seq);
-    if (ps.format == StreamFormat::kSparse) {
-      ps.sparse_values_in_place.reserve(n_seq);
-      ps.sparse_indices_in_place.reserve(n_seq);
-    }
-  }
   // Samples per (stream, sequence), to drop sequences with none at all.
   std::vector<uint32_t>& counts = *counts_out;
   counts.assign(source.size() * n_seq, 0);
   for (size_t s = 0; s < file.streams.size(); ++s) {
     const CbfStreamInfo& info = file.streams[s];
-    ParsedStream* ps = target[s] >= 0 && out != nullptr ? &out->streams[target[s]] : nullptr;
-    if (ps != nullptr && info.format == StreamFormat::kSparse) {
-      // Size the columns once: a quick walk of this stream's sequences (the decode below
-      // checks everything and reports any damage; the walk just stops at it). The entries
-      // themselves are used where they lie: only their per-sample ranges are columns.
-      Reader walk = r;
-      uint64_t samples = 0;
-      const char* skipped = nullptr;
-      for (uint32_t j = 0; j < n_seq; ++j) {
-        uint32_t n = 0;
-        int32_t nnz = 0;
-        if (!walk.Read(&n) || !walk.Read(&nnz) || nnz < 0 ||
-            !walk.Take(static_cast<uint64_t>(nnz), sizeof(T) + 4, &skipped) || !walk.Take(n, 4, &skipped)) {
-          break;
-        }
-        samples += n;
-      }
-      ps->nnz_begin.reserve(ps->nnz_begin.size() + samples);
-    }
     for (uint32_t j = 0; j < n_seq; ++j) {
       uint32_t n = 0;
       if (!r.Read(&n)) return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": expected its sample count"));
@@ -81,7 +52,6 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
           return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": ", n, " samples of dimension ", info.dim,
                                   " run past the chunk"));
         }
-        if (ps != nullptr) ps->in_place.push_back(reinterpret_cast<const std::byte*>(values));  // used where it lies
       } else {
         int32_t nnz = 0;
         const char *values = nullptr, *indices = nullptr, *per_sample = nullptr;
@@ -108,23 +78,141 @@ absl::Status WalkChunk(std::string_view bytes, const CbfFile& file, uint64_t chu
             return bad(absl::StrCat("stream '", info.name, "', sequence ", j, ": index ", idx, " outside [0, ", info.dim, ")"));
           }
         }
-        if (ps != nullptr) {
-          ps->sparse_values_in_place.push_back(reinterpret_cast<const std::byte*>(values));  // used where they lie
-          ps->sparse_indices_in_place.push_back(reinterpret_cast<const std::byte*>(indices));
-          uint64_t running = ps->nnz_begin.back();
-          for (uint32_t t = 0; t < n; ++t) {
-            int32_t k = 0;
-            std::memcpy(&k, per_sample + 4 * t, 4);
-            running += static_cast<uint64_t>(k);
-            ps->nnz_begin.push_back(running);
-          }
-        }
       }
-      if (ps != nullptr) ps->sequence_begin.push_back(ps->sequence_begin.back() + n);
       if (target[s] >= 0) counts[static_cast<size_t>(target[s]) * n_seq + j] = n;
     }
   }
   return absl::OkStatus();
+}
+
+// A vector written through a cursor (no per-element capacity check); grown in steps when a
+// sequence needs more, cut to what was written at the end.
+template <typename V>
+class Appender {
+ public:
+  // Appends to `v` (which keeps what it holds), room made for `expect` more at once.
+  Appender(std::vector<V>* v, uint64_t expect) : v_(v), used_(v->size()) { v_->resize(used_ + expect); }
+  // Cut to what was written; the spare room given back when it is large (growth doubles).
+  ~Appender() {
+    v_->resize(used_);
+    if (v_->capacity() > used_ + used_ / 2 + 64) v_->shrink_to_fit();
+  }
+  // Room for `n` more; a pointer to the first, valid until the next Reserve.
+  V* Reserve(uint64_t n) {
+    if (v_->size() - used_ < n) v_->resize(std::max<uint64_t>(used_ + n, 2 * v_->size()));
+    return v_->data() + used_;
+  }
+  void Advance(uint64_t n) { used_ += n; }
+  V back() const { return (*v_)[used_ - 1]; }
+
+ private:
+  std::vector<V>* const v_;
+  uint64_t used_;
+};
+
+// Chunk `chunk_id` walked and checked in one tight pass per stream: the same checks as
+// CheckedWalk, each sequence's together, and its columns written into `out` (dense values
+// and sparse entries stay where they lie: `out` points at them). False, with `out` in no
+// defined state, where anything is wrong: CheckedWalk then says what.
+template <typename T>
+bool FastWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id, const std::vector<int>& source,
+              ParsedChunk* out, std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
+  const CbfChunkInfo& chunk = file.chunks[chunk_id];
+  const uint32_t n_seq = chunk.num_sequences;
+  const char* p = bytes.data() + chunk.offset;
+  const char* const end = bytes.data() + chunk.end;
+  if (uint64_t{n_seq} > static_cast<uint64_t>(end - p) / 4) return false;
+  std::vector<uint32_t>& lengths = *lengths_out;
+  lengths.resize(n_seq);
+  if (n_seq) std::memcpy(lengths.data(), p, 4 * uint64_t{n_seq});
+  p += 4 * uint64_t{n_seq};
+  std::vector<int> target(file.streams.size(), -1);
+  for (size_t i = 0; i < source.size(); ++i) target[source[i]] = static_cast<int>(i);
+  std::vector<uint32_t>& counts = *counts_out;
+  counts.assign(source.size() * n_seq, 0);
+  out->streams.resize(source.size());
+  for (size_t s = 0; s < file.streams.size(); ++s) {
+    const CbfStreamInfo& info = file.streams[s];
+    const bool kept = target[s] >= 0;
+    ParsedStream* ps = kept ? &out->streams[target[s]] : nullptr;
+    uint32_t* count = kept ? counts.data() + static_cast<size_t>(target[s]) * n_seq : nullptr;
+    uint64_t* begin = nullptr;
+    const std::byte** where = nullptr;
+    const std::byte** where_indices = nullptr;
+    if (kept) {
+      ps->format = info.format;
+      ps->dim = info.dim;
+      ps->sequence_begin.resize(uint64_t{n_seq} + 1);
+      begin = ps->sequence_begin.data();
+      begin[0] = 0;
+      std::vector<const std::byte*>& values = info.format == StreamFormat::kDense ? ps->in_place : ps->sparse_values_in_place;
+      values.resize(n_seq);
+      where = values.data();
+      if (info.format == StreamFormat::kSparse) {
+        ps->sparse_indices_in_place.resize(n_seq);
+        where_indices = ps->sparse_indices_in_place.data();
+      }
+    }
+    if (info.format == StreamFormat::kDense) {
+      uint64_t row_bytes = 0;
+      if (__builtin_mul_overflow(uint64_t{info.dim}, sizeof(T), &row_bytes)) return false;
+      for (uint32_t j = 0; j < n_seq; ++j) {
+        if (end - p < 4) return false;
+        const uint32_t n = Load<uint32_t>(p);
+        p += 4;
+        uint64_t need = 0;
+        if (n > lengths[j] || __builtin_mul_overflow(uint64_t{n}, row_bytes, &need) ||
+            need > static_cast<uint64_t>(end - p)) {
+          return false;
+        }
+        if (kept) {
+          where[j] = reinterpret_cast<const std::byte*>(p);  // used where it lies
+          begin[j + 1] = begin[j] + n;
+          count[j] = n;
+        }
+        p += need;
+      }
+      continue;
+    }
+    // Sparse: u32 n, i32 nnz, T values[nnz], i32 indices[nnz], i32 per_sample[n].
+    std::optional<Appender<uint64_t>> entry_begin;
+    if (kept) entry_begin.emplace(&ps->nnz_begin, n_seq);  // a sample a sequence to start
+    for (uint32_t j = 0; j < n_seq; ++j) {
+      if (end - p < 8) return false;
+      const uint32_t n = Load<uint32_t>(p);
+      const int32_t nnz = Load<int32_t>(p + 4);
+      p += 8;
+      if (n > lengths[j] || nnz < 0) return false;
+      const uint64_t entries = static_cast<uint64_t>(nnz);
+      // At most 2^31 * 12 + 2^32 * 4 bytes: no overflow.
+      if (entries * (sizeof(T) + 4) + uint64_t{n} * 4 > static_cast<uint64_t>(end - p)) return false;
+      const char* values = p;
+      const char* indices = values + entries * sizeof(T);
+      const char* per_sample = indices + entries * 4;
+      p = per_sample + uint64_t{n} * 4;
+      if (!IndicesBelow(indices, entries, info.dim)) return false;
+      uint64_t* nb = kept ? entry_begin->Reserve(n) : nullptr;
+      uint64_t running = kept ? entry_begin->back() : 0;
+      const uint64_t first = running;
+      int32_t signs = 0;
+      for (uint32_t t = 0; t < n; ++t) {
+        const int32_t k = Load<int32_t>(per_sample + 4 * uint64_t{t});
+        signs |= k;
+        running += static_cast<uint32_t>(k);
+        if (kept) nb[t] = running;
+      }
+      // Counts of at most 2^31 - 1 each, n < 2^32 of them: the sum fits 64 bits.
+      if (signs < 0 || running - first != entries) return false;
+      if (kept) {
+        entry_begin->Advance(n);
+        where[j] = reinterpret_cast<const std::byte*>(values);  // used where they lie
+        where_indices[j] = reinterpret_cast<const std::byte*>(indices);
+        begin[j + 1] = begin[j] + n;
+        count[j] = n;
+      }
+    }
+  }
+  return true;
 }
 
 template <typename T>
@@ -132,7 +220,13 @@ absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Inde
                          uint64_t chunk_id, const std::vector<int>& source, const std::string& path,
                          ParsedChunk* out) {
   std::vector<uint32_t> counts, lengths;
-  RETURN_IF_ERROR(WalkChunk<T>(bytes, file, chunk_id, source, path, out, &counts, &lengths));
+  if (!FastWalk<T>(bytes, file, chunk_id, source, out, &counts, &lengths)) {
+    out->streams.clear();
+    RETURN_IF_ERROR(CheckedWalk<T>(bytes, file, chunk_id, source, path, &counts, &lengths));
+    // The checked walk accepts the chunk the fast one refused: a bug here, not in the file.
+    return absl::InternalError(absl::StrCat(path, ": chunk ", chunk_id,
+                                            ": the CBF decoder refused a chunk its checked walk accepts"));
+  }
   FinishChunk(counts, lengths, index, index.chunks[chunk_id], out);
   return absl::OkStatus();
 }
@@ -218,8 +312,8 @@ absl::Status CountCntkLayoutChunk(std::string_view bytes, const CbfFile& file, u
                                   const std::string& path, std::vector<uint32_t>* counts) {
   std::vector<uint32_t> lengths;
   return precision == Precision::kFloat
-             ? WalkChunk<float>(bytes, file, chunk_id, source, path, nullptr, counts, &lengths)
-             : WalkChunk<double>(bytes, file, chunk_id, source, path, nullptr, counts, &lengths);
+             ? CheckedWalk<float>(bytes, file, chunk_id, source, path, counts, &lengths)
+             : CheckedWalk<double>(bytes, file, chunk_id, source, path, counts, &lengths);
 }
 
 }  // namespace conveyor::cbf

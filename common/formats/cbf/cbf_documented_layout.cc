@@ -193,8 +193,12 @@ absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, ui
 
 namespace {
 
-// A kDocumented chunk: dense inputs one sample a sequence; sparse entries split into their
-// samples by row code (row / dim), kept in file order within a sample.
+// A kDocumented chunk: dense inputs one sample a sequence, used where they lie; sparse
+// entries split into their samples by row code (row / dim), kept in file order within a
+// sample. Where all of a sparse input's entries in the chunk are in sample 0 (always, for
+// an input that is not a sequence), each row code is its index and a sequence's entries
+// lie back to back in sample order: they are used where they lie, as in ctf2bin's layout.
+// Otherwise they are sorted by sample into the chunk's columns.
 template <typename T>
 absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
                                    const std::vector<int>& source, const std::string& path, ParsedChunk* out) {
@@ -216,6 +220,23 @@ absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, 
         ps.in_place.push_back(reinterpret_cast<const std::byte*>(in.dense) + uint64_t{j} * info.dim * sizeof(T));
         ps.sequence_begin.push_back(j + 1);
         counts[i * n_seq + j] = 1;
+      }
+      continue;
+    }
+    // Row codes are not negative (the walk checked them): below dim, each is sample 0's index.
+    if (!info.is_sequence || IndicesBelow(in.rows, in.nnz, info.dim)) {
+      ps.sparse_values_in_place.resize(n_seq);
+      ps.sparse_indices_in_place.resize(n_seq);
+      ps.sequence_begin.resize(uint64_t{n_seq} + 1);
+      ps.nnz_begin.reserve(uint64_t{n_seq} + 1);
+      for (uint32_t j = 0; j < n_seq; ++j) {
+        const uint32_t n = in.samples[j];  // 1, or 0 for a sequence input without entries
+        const uint64_t kb = static_cast<uint32_t>(LoadI32(in.starts, j));
+        ps.sparse_values_in_place[j] = reinterpret_cast<const std::byte*>(in.values + kb * sizeof(T));
+        ps.sparse_indices_in_place[j] = reinterpret_cast<const std::byte*>(in.rows + kb * 4);
+        if (n == 1) ps.nnz_begin.push_back(static_cast<uint32_t>(LoadI32(in.starts, j + 1)));
+        ps.sequence_begin[j + 1] = ps.sequence_begin[j] + n;
+        counts[i * n_seq + j] = n;
       }
       continue;
     }

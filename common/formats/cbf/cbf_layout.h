@@ -10,6 +10,10 @@
 #include <string_view>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/chunk/parsed_chunk.h"
@@ -44,6 +48,38 @@ class Reader {
   std::string_view bytes_;
   uint64_t pos_, end_;
 };
+
+// A V at `p`, any alignment.
+template <typename V>
+inline V Load(const char* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+// True when each of the `count` int32 at `p` (any alignment) lies in [0, dim), dim >= 1:
+// as unsigned, a negative index is past any dim, so one comparison checks both ends.
+inline bool IndicesBelow(const char* p, uint64_t count, uint32_t dim) {
+#if defined(__SSE2__)
+  if (count >= 4) {
+    // 4 at a time, the last 4 overlapping the ones before; SSE2 compares signed, so both
+    // sides are shifted by 2^31 to compare as unsigned.
+    const __m128i flip = _mm_set1_epi32(INT32_MIN);
+    const __m128i most = _mm_set1_epi32(static_cast<int32_t>((dim - 1) ^ 0x80000000u));
+    __m128i over = _mm_setzero_si128();
+    for (uint64_t k = 0; k + 4 < count; k += 4) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4 * k));
+      over = _mm_or_si128(over, _mm_cmpgt_epi32(_mm_xor_si128(v, flip), most));
+    }
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4 * (count - 4)));
+    over = _mm_or_si128(over, _mm_cmpgt_epi32(_mm_xor_si128(v, flip), most));
+    return _mm_movemask_epi8(over) == 0;
+  }
+#endif
+  uint32_t over = 0;
+  for (uint64_t k = 0; k < count; ++k) over |= Load<uint32_t>(p + 4 * k) >= dim;
+  return over == 0;
+}
 
 inline auto BadHeader(const std::string& path) {
   return [&path](uint64_t at, const std::string& what) {

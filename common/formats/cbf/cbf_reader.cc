@@ -123,12 +123,17 @@ namespace cbf {
 // section 5) and keep no slot; the others are numbered in file order.
 std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq) {
   const size_t n_streams = n_seq ? counts.size() / n_seq : 0;
-  std::vector<int32_t> slot_of(n_seq, -1);
+  // Per sequence, nonzero when any stream has a sample: OR over the streams' rows.
+  std::vector<int32_t> slot_of(n_seq, 0);
+  for (size_t i = 0; i < n_streams; ++i) {
+    const uint32_t* row = counts.data() + i * n_seq;
+    for (uint32_t j = 0; j < n_seq; ++j) slot_of[j] |= static_cast<int32_t>(row[j] != 0);
+  }
   int32_t next = 0;
   for (uint32_t j = 0; j < n_seq; ++j) {
-    uint32_t most = 0;
-    for (size_t i = 0; i < n_streams; ++i) most = std::max(most, counts[i * n_seq + j]);
-    if (most != 0) slot_of[j] = next++;
+    const int32_t kept = slot_of[j];
+    slot_of[j] = kept ? next : -1;
+    next += kept;
   }
   return slot_of;
 }
@@ -139,17 +144,18 @@ void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t
                  const ChunkEntry& ce, ParsedChunk* out) {
   const uint32_t n_seq = static_cast<uint32_t>(lengths.size());
   out->slot_of = DeliveredSlots(counts, n_seq);
-  out->keys.reserve(n_seq);
-  out->lengths.reserve(n_seq);
-  bool all_kept = true;
-  for (uint32_t j = 0; j < n_seq; ++j) {
-    if (out->slot_of[j] < 0) {
-      all_kept = false;
-      continue;
-    }
-    out->keys.push_back(index.sequences[ce.first_sequence + j].key);
-    out->lengths.push_back(lengths[j]);
+  out->keys.resize(n_seq);
+  out->lengths.resize(n_seq);
+  const SequenceEntry* entries = index.sequences.data() + ce.first_sequence;
+  uint32_t kept = 0;
+  for (uint32_t j = 0; j < n_seq; ++j) {  // written at `kept` always, kept only when delivered
+    out->keys[kept] = entries[j].key;
+    out->lengths[kept] = lengths[j];
+    kept += out->slot_of[j] >= 0;
   }
+  out->keys.resize(kept);
+  out->lengths.resize(kept);
+  const bool all_kept = kept == n_seq;
   if (!all_kept) {
     // Rebuild the columns without the empty sequences (their ranges are empty: only the
     // sequence_begin entries go).
