@@ -149,7 +149,29 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
   const size_t ns = streams.size();
   plan->num_streams = ns;
   plan->counts.resize(pieces.size() * ns);
+  // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
+  // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
+  // needs the first), the misses of many pieces overlap; MeasureStream and the assembler
+  // then find these lines in cache. The distance covers a miss (several hundred ns here).
+  constexpr size_t kAhead = 16;
+  // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
+  auto prefetch_place = [&](size_t i) __attribute__((always_inline)) {
+    const PieceRef& p = pieces[i];
+    __builtin_prefetch(&p.chunk->keys[p.slot]);
+    for (size_t s = 0; s < ns; ++s) __builtin_prefetch(&p.chunk->streams[s].sequence_begin[p.slot]);
+  };
+  auto prefetch_entries = [&](size_t i) __attribute__((always_inline)) {
+    const PieceRef& p = pieces[i];
+    for (size_t s = 0; s < ns; ++s) {
+      const ParsedStream& ps = p.chunk->streams[s];
+      if (streams[s].format == StreamFormat::kSparse) __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
+    }
+  };
+  for (size_t i = 0; i < std::min(pieces.size(), 2 * kAhead); ++i) prefetch_place(i);
+  for (size_t i = 0; i < std::min(pieces.size(), kAhead); ++i) prefetch_entries(i);
   for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i + 2 * kAhead < pieces.size()) prefetch_place(i + 2 * kAhead);
+    if (i + kAhead < pieces.size()) prefetch_entries(i + kAhead);
     uint32_t* counts = plan->counts.data() + i * ns;
     if (absl::Status st = PlacePiece(streams, shape, pieces[i], &plan->pieces[i], counts); !st.ok()) return st;
     plan->num_samples += main_stream >= 0 ? counts[main_stream] : plan->pieces[i].longest;

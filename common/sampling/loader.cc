@@ -134,25 +134,28 @@ void Loader::PlanAhead() {
     }
     Planned p;
     p.batch = std::move(*b);
-    // Consecutive pieces mostly come from one chunk: look a chunk up only when it changes.
-    p.tickets.reserve(p.batch.pieces.size());
+    p.piece_chunk.reserve(p.batch.pieces.size());
+    if (marks_.empty()) marks_.resize(dataset_->index().chunks.size());
     uint32_t last_chunk = UINT32_MAX;
-    uint64_t last_ticket = 0;
+    uint32_t place = 0;
     for (const Piece& piece : p.batch.pieces) {
       if (piece.chunk != last_chunk) {
-        auto it = open_.find(piece.chunk);
-        if (it == open_.end()) {
-          it = open_.emplace(piece.chunk, pipeline_->Enqueue(piece.chunk)).first;
-          ++scheduled_ahead_;
+        ChunkMark& m = marks_[piece.chunk];
+        if (m.batch != batches_planned_) {  // the batch's first piece of this chunk
+          auto it = open_.find(piece.chunk);
+          if (it == open_.end()) {
+            it = open_.emplace(piece.chunk, pipeline_->Enqueue(piece.chunk)).first;
+            ++scheduled_ahead_;
+          }
+          m.batch = batches_planned_;
+          m.place = static_cast<uint32_t>(p.distinct.size());
+          p.distinct.push_back(it->second);
         }
         last_chunk = piece.chunk;
-        last_ticket = it->second;
-        p.distinct.push_back(last_ticket);
+        place = m.place;
       }
-      p.tickets.push_back(last_ticket);
+      p.piece_chunk.push_back(place);
     }
-    std::sort(p.distinct.begin(), p.distinct.end());
-    p.distinct.erase(std::unique(p.distinct.begin(), p.distinct.end()), p.distinct.end());
     for (uint64_t t : p.distinct) ++ticket_refs_[t];
     planned_pieces_ += p.batch.pieces.size();
     CloseChunks(p.batch.exhausted_chunks);
@@ -193,32 +196,36 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   auto f = std::make_unique<InFlight>();
   std::vector<PieceRef>& refs = f->refs;
   refs.reserve(p.batch.pieces.size());
-  const ParsedChunk* last_chunk = nullptr;  // the chunk of the last ticket looked up
-  uint64_t last_ticket = UINT64_MAX;
   absl::Status failed;
+  // The batch's chunks, waited for in the order its pieces first use them.
+  f->held.reserve(p.distinct.size());
+  for (uint64_t t : p.distinct) {
+    auto chunk = pipeline_->Get(t);
+    if (!chunk.ok()) {
+      failed = chunk.status();
+      break;
+    }
+    if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
+    f->held.push_back(*std::move(chunk));
+  }
   uint32_t rows = bptt_ ? p.batch.rows : 0;
   const bool frame_mode = planner_->options().randomizer.frame_mode;
-  for (size_t i = 0; i < p.batch.pieces.size(); ++i) {
+  const size_t n = failed.ok() ? p.batch.pieces.size() : 0;
+  // Randomized, each piece's slot lies in another chunk's table: ask for it kAhead pieces ahead
+  // (a miss takes several hundred ns here).
+  constexpr size_t kAhead = 32;
+  auto slot_of = [&](size_t i) __attribute__((always_inline)) {
+    return &f->held[p.piece_chunk[i]]->slot_of[p.batch.pieces[i].index_in_chunk];
+  };
+  for (size_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(slot_of(i));
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(slot_of(i + kAhead));
     const Piece& piece = p.batch.pieces[i];
-    const uint64_t t = p.tickets[i];
-    if (t != last_ticket) {
-      auto it = f->held.find(t);
-      if (it == f->held.end()) {
-        auto chunk = pipeline_->Get(t);
-        if (!chunk.ok()) {
-          failed = chunk.status();
-          break;
-        }
-        if (fetched_.insert(t).second && scheduled_ahead_ > 0) --scheduled_ahead_;
-        it = f->held.emplace(t, *chunk).first;
-      }
-      last_ticket = t;
-      last_chunk = it->second.get();
-    }
-    const int32_t slot = last_chunk->slot_of[piece.index_in_chunk];
+    const ParsedChunk* chunk = f->held[p.piece_chunk[i]].get();
+    const int32_t slot = *slot_of(i);
     if (slot < 0) continue;  // dropped as bad: a gap in BPTT, one row less otherwise
     PieceRef r;
-    r.chunk = last_chunk;
+    r.chunk = chunk;
     r.slot = static_cast<uint32_t>(slot);
     r.sample_begin = piece.sample_begin;
     r.sample_count = piece.sample_count;
@@ -230,6 +237,7 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
     refs.push_back(r);
   }
   f->used = std::move(p.distinct);
+  std::sort(f->used.begin(), f->used.end());  // released in ticket order, as before
   auto give_back = [&] {
     f->held.clear();
     for (uint64_t t : f->used) Unref(t);

@@ -106,13 +106,13 @@ class Loader {
  private:
   struct Planned {
     PlannedBatch batch;
-    std::vector<uint64_t> tickets;  // per piece
-    std::vector<uint64_t> distinct;  // the tickets above, each once (sorted)
+    std::vector<uint64_t> distinct;     // the tickets of its chunks, in the order pieces first use them
+    std::vector<uint32_t> piece_chunk;  // per piece: its chunk's place in `distinct`
   };
   struct InFlight {  // a batch begun: what its assembly reads until it completes
     Batch batch;      // all but `bytes`
     std::vector<PieceRef> refs;
-    std::map<uint64_t, std::shared_ptr<const ParsedChunk>> held;  // ticket -> chunk
+    std::vector<std::shared_ptr<const ParsedChunk>> held;  // its chunks
     std::vector<uint64_t> used;  // distinct tickets, unreferenced at completion
     absl::Span<std::byte> dst;
     uint64_t fence = 0;
@@ -146,6 +146,13 @@ class Loader {
   std::map<uint32_t, uint64_t> open_;       // chunk id -> ticket the plan may still add to
   std::set<uint64_t> closed_;               // tickets the plan is done with, still referenced
   std::map<uint64_t, uint64_t> ticket_refs_;  // ticket -> planned batches using it
+  // Per chunk id: the last batch planned that uses it (batches_planned_ then) and the chunk's
+  // place in that batch's `distinct`: a randomized batch changes chunk at nearly every piece.
+  struct ChunkMark {
+    uint64_t batch = 0;
+    uint32_t place = 0;
+  };
+  std::vector<ChunkMark> marks_;
   uint64_t scheduled_ahead_ = 0;
   uint64_t prefetch_sweep_ = 0, prefetch_pos_ = 0;  // next randomized position to schedule
   bool prefetch_started_ = false;

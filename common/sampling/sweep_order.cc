@@ -1,6 +1,7 @@
 #include "common/sampling/sweep_order.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <random>
 
@@ -14,7 +15,75 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The tie-break of equal keys: (sequence, frame).
+bool UnitBefore(const Unit& x, const Unit& y) {
+  return x.sequence != y.sequence ? x.sequence < y.sequence : x.frame < y.frame;
+}
+
+// LSD radix sort of `items` by key, a byte a pass, over the bytes in which keys differ
+// (stable; `tmp` is scratch of the same size).
+struct KeyIndex {
+  uint64_t key;
+  uint64_t index;
+};
+
+void RadixSortByKey(std::vector<KeyIndex>* items, std::vector<KeyIndex>* tmp) {
+  const size_t n = items->size();
+  // Every byte's histogram in one pass.
+  std::vector<std::array<uint64_t, 256>> counts(8);
+  for (auto& c : counts) c.fill(0);
+  uint64_t any = 0;
+  for (const KeyIndex& x : *items) {
+    any |= x.key;
+    for (int d = 0; d < 8; ++d) ++counts[d][(x.key >> (8 * d)) & 0xff];
+  }
+  tmp->resize(n);
+  for (int d = 0; d < 8 && (any >> (8 * d)) != 0; ++d) {
+    std::array<uint64_t, 256>& c = counts[d];
+    if (c[((*items)[0].key >> (8 * d)) & 0xff] == n) continue;  // one digit: nothing moves
+    uint64_t at = 0;
+    for (uint64_t& x : c) {
+      const uint64_t k = x;
+      x = at;
+      at += k;
+    }
+    for (const KeyIndex& x : *items) (*tmp)[c[(x.key >> (8 * d)) & 0xff]++] = x;
+    items->swap(*tmp);
+  }
+}
+
 }  // namespace
+
+void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, std::vector<Unit>* out) {
+  const size_t n = keys.size();
+  std::vector<KeyIndex> items(n);
+  for (size_t j = 0; j < n; ++j) items[j] = {keys[j], j};
+  auto before = [&](const KeyIndex& x, const KeyIndex& y) {
+    if (x.key != y.key) return x.key < y.key;
+    return UnitBefore(units[x.index], units[y.index]);
+  };
+  if (n <= 64) {
+    std::sort(items.begin(), items.end(), before);
+  } else {
+    std::vector<KeyIndex> tmp;
+    RadixSortByKey(&items, &tmp);
+    // Equal keys (a 32-bit hash collision, or keys of two chunks that meet): by (sequence, frame).
+    for (size_t j = 0; j + 1 < n;) {
+      size_t e = j + 1;
+      while (e < n && items[e].key == items[j].key) ++e;
+      if (e - j > 1) std::sort(items.begin() + j, items.begin() + e, before);
+      j = e;
+    }
+  }
+  out->reserve(out->size() + n);
+  // A gather in random order from `units` (tens of MB for a whole-sweep window): each unit
+  // asked for a stretch ahead, so the misses overlap.
+  constexpr size_t kAhead = 32;
+  for (size_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) __builtin_prefetch(&units[items[j + kAhead].index]);
+    out->push_back(units[items[j].index]);
+  }
+}
 
 uint64_t DefaultRandomizationWindow(const Index& index, uint64_t chunk_size, bool sample_window) {
   if (sample_window) return std::max<uint64_t>(1, index.total_samples);
@@ -60,6 +129,11 @@ uint64_t SweepOrder::LastSegment(uint64_t pos) const {
   return std::min<uint64_t>(seg, order_.size() - 1);
 }
 
+unsigned __int128 SweepOrder::Key(uint64_t pos, uint64_t sequence, uint32_t frame) const {
+  const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((sequence << 24) ^ frame)) >> 32;
+  return (static_cast<unsigned __int128>(base_[pos]) << 32) + static_cast<unsigned __int128>(spread_) * h;
+}
+
 void SweepOrder::Distribute(uint64_t pos) {
   const uint32_t chunk = order_[pos];
   const ChunkEntry& c = index_->chunks[chunk];
@@ -75,9 +149,7 @@ void SweepOrder::Distribute(uint64_t pos) {
       u.chunk = chunk;
       u.position = static_cast<uint32_t>(pos);
       // Only randomized sweeps come here (file order builds its segments directly).
-      const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((s << 24) ^ f)) >> 32;
-      const unsigned __int128 key =
-          (static_cast<unsigned __int128>(base_[pos]) << 32) + static_cast<unsigned __int128>(spread_) * h;
+      const unsigned __int128 key = Key(pos, s, f);
       // The segment whose [base(i), base(i+1)) holds the key (bases are 0,1,2,... for
       // chunk windows: no search needed).
       const uint64_t whole = static_cast<uint64_t>(key >> 32);
@@ -86,10 +158,61 @@ void SweepOrder::Distribute(uint64_t pos) {
                          : whole;
       if (seg >= n) seg = n - 1;
       if (seg < first_bucket_) continue;  // before the segment a seek started at
-      while (first_bucket_ + buckets_.size() <= seg) buckets_.emplace_back();
-      buckets_[seg - first_bucket_].push_back({key, u});
+      while (first_bucket_ + buckets_.size() <= seg) {
+        // Reserved once: grown by doubling, a whole-sweep window's one bucket was copied
+        // and faulted in about twice over.
+        buckets_.emplace_back();
+        const uint64_t expected = ExpectedUnits(first_bucket_ + buckets_.size() - 1);
+        buckets_.back().keys.reserve(expected);
+        buckets_.back().units.reserve(expected);
+      }
+      Bucket& b = buckets_[seg - first_bucket_];
+      // key >= base(seg) << 32: the segment holds keys from its base on.
+      const unsigned __int128 rel = key - (static_cast<unsigned __int128>(base_[seg]) << 32);
+      b.wide = b.wide || (rel >> 64) != 0;
+      b.keys.push_back(static_cast<uint64_t>(rel));
+      b.units.push_back(u);
     }
   }
+}
+
+uint64_t SweepOrder::ExpectedUnits(uint64_t i) const {
+  // Each position p that can reach segment i spreads its units uniformly over the whole
+  // parts [base(p), base(p) + spread); segment i takes those in [base(i), base(i+1)) (the
+  // last one, all from base(i) on). A sum over the window, skipped for very wide ones.
+  constexpr uint64_t kMaxPositions = 4096;
+  const uint64_t n = order_.size();
+  const uint64_t lo = FirstContributor(i);
+  if (i - lo > kMaxPositions || spread_ == 0) return 0;
+  const uint64_t begin = base_[i];
+  const uint64_t end = i + 1 < n ? base_[i + 1] : UINT64_MAX;
+  double expected = 0;
+  for (uint64_t p = lo; p <= i; ++p) {
+    const ChunkEntry& c = index_->chunks[order_[p]];
+    const uint64_t units = options_.frame_mode ? c.num_samples : c.num_sequences;
+    const uint64_t top = base_[p] + std::min(spread_, UINT64_MAX - base_[p]);
+    const uint64_t from = std::max(base_[p], begin), to = std::min(top, end);
+    if (to > from) expected += static_cast<double>(units) * static_cast<double>(to - from) / static_cast<double>(spread_);
+  }
+  // A margin of many standard deviations (counts are sums of binomials): rarely exceeded.
+  return static_cast<uint64_t>(expected * 1.1) + 256;
+}
+
+void SweepOrder::SortWide(Bucket* b) {
+  const size_t n = b->units.size();
+  std::vector<unsigned __int128> keys(n);
+  for (size_t j = 0; j < n; ++j) {
+    const Unit& u = b->units[j];
+    keys[j] = Key(u.position, u.sequence, options_.frame_mode ? u.frame : 0);
+  }
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    if (keys[x] != keys[y]) return keys[x] < keys[y];
+    return UnitBefore(b->units[x], b->units[y]);
+  });
+  segment_.reserve(n);
+  for (size_t j : order) segment_.push_back(b->units[j]);
 }
 
 const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
@@ -130,15 +253,13 @@ const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
   }
   while (next_to_distribute_ <= i && next_to_distribute_ < order_.size()) Distribute(next_to_distribute_++);
   if (!buckets_.empty()) {
-    std::vector<Keyed>& b = buckets_.front();
-    std::sort(b.begin(), b.end(), [](const Keyed& x, const Keyed& y) {
-      if (x.key != y.key) return x.key < y.key;
-      if (x.unit.sequence != y.unit.sequence) return x.unit.sequence < y.unit.sequence;
-      return x.unit.frame < y.unit.frame;
-    });
-    segment_.reserve(b.size());
-    for (const Keyed& k : b) segment_.push_back(k.unit);
-    std::vector<Keyed>().swap(b);
+    Bucket& b = buckets_.front();
+    if (b.wide) {
+      SortWide(&b);
+    } else {
+      SortSegment(b.keys, b.units, &segment_);
+    }
+    b = Bucket();  // its memory goes now, not when the segment is dropped
   }
   return segment_;
 }

@@ -19,6 +19,7 @@
 #include <deque>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "common/index/index.h"
 
 namespace conveyor {
@@ -46,6 +47,12 @@ struct Unit {
   uint32_t position = 0;  // the chunk's randomized position this sweep (ranks own positions)
 };
 
+// Step 3 for one segment: `units`, whose keys less the segment's base are `keys` (one each,
+// parallel), appended to *out in (key, sequence, frame) order. A radix sort of the keys and
+// then, for the rare runs of equal keys, a sort by (sequence, frame): the same order as one
+// comparison sort. Declared for tests; SweepOrder calls it.
+void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, std::vector<Unit>* out);
+
 class SweepOrder {
  public:
   // `index` must outlive the object; `window` already resolved (non-zero when randomizing).
@@ -65,11 +72,20 @@ class SweepOrder {
   const std::vector<Unit>& Segment(uint64_t i);
 
  private:
-  struct Keyed {
-    unsigned __int128 key;
-    Unit unit;
+  // The units a segment will deliver, gathered as their chunks are distributed, with their
+  // keys less base(segment) << 32 (`keys`), or, when one of those does not fit 64 bits
+  // (sample windows of more than 2^32 samples), no keys (`wide`): the segment is then sorted
+  // on full keys computed again.
+  struct Bucket {
+    std::vector<uint64_t> keys;
+    std::vector<Unit> units;
+    bool wide = false;
   };
   void Distribute(uint64_t pos);  // computes the keys of one chunk's units into buckets
+  unsigned __int128 Key(uint64_t pos, uint64_t sequence, uint32_t frame) const;
+  // About how many units segment `i` will get (0: not worth counting), to reserve its bucket.
+  uint64_t ExpectedUnits(uint64_t i) const;
+  void SortWide(Bucket* b);  // appends b's units to segment_ in (key, sequence, frame) order
 
   const Index* const index_;
   const RandomizerOptions options_;
@@ -77,7 +93,7 @@ class SweepOrder {
   std::vector<uint32_t> order_;   // randomized position -> chunk id
   std::vector<uint64_t> base_;    // size n+1, in window units
   uint64_t spread_ = 0;
-  std::deque<std::vector<Keyed>> buckets_;  // segment first_bucket_ + i -> its units
+  std::deque<Bucket> buckets_;  // segment first_bucket_ + i -> its units
   uint64_t first_bucket_ = 0;
   uint64_t next_to_distribute_ = 0;
   bool started_ = false;

@@ -3,6 +3,7 @@
 // frame mode and truncated BPTT. Planner-level: no parsing, so thousands of cases run fast.
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <vector>
@@ -187,6 +188,106 @@ TEST(Randomizer, SeekToAnySegmentGivesTheSameUnits) {
       std::vector<uint64_t> seqs;
       for (const Unit& u : seek.Segment(s)) seqs.push_back(u.sequence);
       ASSERT_EQ(seqs, segments[s]) << "start " << start << " segment " << s;
+    }
+  }
+}
+
+// The order of docs/randomization.md steps 1-3 computed the plain way: every unit of the
+// sweep keyed with 128-bit arithmetic, one comparison sort by (key, sequence, frame).
+std::vector<Unit> ReferenceSweep(const Index& index, const RandomizerOptions& ro, uint64_t sweep) {
+  auto splitmix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  const std::vector<uint32_t> order = ChunkOrder(index.chunks.size(), ro, sweep);
+  std::vector<std::pair<unsigned __int128, Unit>> keyed;
+  uint64_t base = 0;
+  for (uint64_t p = 0; p < order.size(); ++p) {
+    const ChunkEntry& c = index.chunks[order[p]];
+    for (uint64_t s = c.first_sequence; s < c.first_sequence + c.num_sequences; ++s) {
+      const uint32_t frames = ro.frame_mode ? index.sequences[s].num_samples : 1;
+      for (uint32_t f = 0; f < frames; ++f) {
+        const uint64_t h = splitmix((ro.seed + sweep) ^ splitmix((s << 24) ^ f)) >> 32;
+        Unit u;
+        u.sequence = s;
+        u.frame = ro.frame_mode ? f : Unit::kWholeSequence;
+        keyed.push_back({(static_cast<unsigned __int128>(base) << 32) + static_cast<unsigned __int128>(ro.window) * h, u});
+      }
+    }
+    base += ro.sample_window ? c.num_samples : 1;
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& x, const auto& y) {
+    if (x.first != y.first) return x.first < y.first;
+    if (x.second.sequence != y.second.sequence) return x.second.sequence < y.second.sequence;
+    return x.second.frame < y.second.frame;
+  });
+  std::vector<Unit> out;
+  for (const auto& k : keyed) out.push_back(k.second);
+  return out;
+}
+
+// Segments are sorted by a radix sort of their keys relative to the segment (falling back to
+// full keys when those pass 64 bits): together they must be the one global order.
+TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
+  struct Case {
+    bool sample_window, frame_mode;
+    uint64_t window;
+  };
+  const Case cases[] = {
+      {false, false, 1},  {false, false, 3},   {false, false, 1000},          // chunk windows, past the sweep
+      {true, false, 150}, {true, false, 5000}, {true, false, uint64_t{1} << 40},  // 2^40: keys past 64 bits
+      {false, true, 2},   {true, true, 700},   {true, true, uint64_t{1} << 33},
+  };
+  for (const Case& k : cases) {
+    for (uint64_t seed : {0u, 7u}) {
+      Index index = MakeIndex(3000, 4, 300, seed);  // ~10 chunks, segments of hundreds of units
+      RandomizerOptions ro;
+      ro.randomize = true;
+      ro.seed = seed;
+      ro.sample_window = k.sample_window;
+      ro.frame_mode = k.frame_mode;
+      ro.window = k.window;
+      const std::vector<Unit> want = ReferenceSweep(index, ro, 1);
+      SweepOrder order(&index, ro, 1);
+      std::vector<Unit> got;
+      for (uint64_t s = 0; s < order.num_segments(); ++s) {
+        for (const Unit& u : order.Segment(s)) got.push_back(u);
+      }
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].sequence, want[i].sequence) << "window " << k.window << " seed " << seed << " at " << i;
+        ASSERT_EQ(got[i].frame, want[i].frame) << "window " << k.window << " seed " << seed << " at " << i;
+      }
+    }
+  }
+}
+
+// Equal keys are rare in a real sweep; here most keys repeat, over several key bytes.
+TEST(Randomizer, SortSegmentBreaksEqualKeysBySequenceThenFrame) {
+  std::mt19937_64 rng(3);
+  for (size_t n : {0u, 1u, 5u, 64u, 65u, 1000u, 20000u}) {
+    std::vector<uint64_t> keys(n);
+    std::vector<Unit> units(n);
+    for (size_t i = 0; i < n; ++i) {
+      keys[i] = (rng() % 5) << (8 * (rng() % 6));  // 5 values at 6 byte positions
+      units[i].sequence = rng() % 50;
+      units[i].frame = static_cast<uint32_t>(i);  // (sequence, frame) unique
+    }
+    std::vector<size_t> want(n);
+    std::iota(want.begin(), want.end(), size_t{0});
+    std::sort(want.begin(), want.end(), [&](size_t x, size_t y) {
+      if (keys[x] != keys[y]) return keys[x] < keys[y];
+      if (units[x].sequence != units[y].sequence) return units[x].sequence < units[y].sequence;
+      return units[x].frame < units[y].frame;
+    });
+    std::vector<Unit> got(1);  // appended after what is there
+    SortSegment(keys, units, &got);
+    ASSERT_EQ(got.size(), n + 1);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got[i + 1].sequence, units[want[i]].sequence) << "n " << n << " at " << i;
+      ASSERT_EQ(got[i + 1].frame, units[want[i]].frame) << "n " << n << " at " << i;
     }
   }
 }
