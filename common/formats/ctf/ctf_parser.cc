@@ -451,7 +451,10 @@ absl::Status ParseAll(const CtfParserOptions& options, int main_stream, Diagnost
 }  // namespace
 
 CtfParser::CtfParser(CtfParserOptions options, Diagnostics* diagnostics, ErrorBudget* budget)
-    : options_(std::move(options)), diagnostics_(diagnostics), budget_(budget) {
+    : options_(std::move(options)),
+      diagnostics_(diagnostics),
+      budget_(budget),
+      entries_per_64k_(options_.streams.size()) {
   for (size_t i = 0; i < options_.streams.size(); ++i)
     if (options_.streams[i].defines_mb_size) main_stream_ = static_cast<int>(i);
 }
@@ -484,10 +487,14 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_v
   chunk->slot_of.reserve(c.num_sequences);
   // Rows bound every stream's samples; sparse entries take at least 4 bytes ("1:1 ").
   const bool f32 = options_.precision == Precision::kFloat;
-  for (auto& st : chunk->streams) {
+  for (size_t s = 0; s < chunk->streams.size(); ++s) {
+    auto& st = chunk->streams[s];
     st.sequence_begin.reserve(c.num_sequences + 1);
     if (st.format == StreamFormat::kSparse) {
-      const uint64_t nnz_guess = bytes / 8 / chunk->streams.size();
+      // As dense as the densest chunk so far (and a little more), else a guess.
+      const uint64_t seen = entries_per_64k_[s].load(std::memory_order_relaxed);
+      const uint64_t nnz_guess = seen > 0 ? (bytes * seen >> 16) + (bytes * seen >> 21) + 64
+                                          : bytes / 8 / chunk->streams.size();
       st.nnz_begin.reserve(c.num_samples + 1);
       st.indices.reserve(nnz_guess);
       if (f32) st.values_f32.reserve(nnz_guess); else st.values_f64.reserve(nnz_guess);
@@ -502,6 +509,16 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_v
                         ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get())
                         : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get());
   if (!st.ok()) return st;
+  if (bytes > 0) {
+    for (size_t s = 0; s < chunk->streams.size(); ++s) {
+      if (chunk->streams[s].format != StreamFormat::kSparse) continue;
+      const uint64_t density = (chunk->streams[s].indices.size() << 16) / bytes + 1;
+      std::atomic<uint64_t>& most = entries_per_64k_[s];
+      uint64_t was = most.load(std::memory_order_relaxed);
+      while (density > was && !most.compare_exchange_weak(was, density, std::memory_order_relaxed)) {
+      }
+    }
+  }
   return chunk;
 }
 

@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <atomic>
 #include <string_view>
 #include <vector>
 
@@ -56,6 +57,11 @@ class CtfParser {
   Diagnostics* const diagnostics_;
   ErrorBudget* const budget_;
   int main_stream_ = -1;  // the definesMBSize stream, if any
+  // Per stream, the most sparse entries per 64 KiB of chunk bytes seen so far (0: none
+  // parsed yet): a chunk's vectors are reserved from it, so that they are neither grown by
+  // doubling (each growth faults in fresh pages and copies) nor held far larger than used
+  // (a chunk's capacity counts against the chunk cache).
+  mutable std::vector<std::atomic<uint64_t>> entries_per_64k_;
 };
 
 }  // namespace conveyor
