@@ -159,6 +159,9 @@ absl::Status Subscription::Open() {
   device_segments_.clear();
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
+  // Batches of one-sample rows come with their keys only (proto: Pieces.single_sample_rows);
+  // DescriptorToPlan puts the pieces back together in the plan.
+  first.mutable_subscribe()->set_compact_pieces(true);
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
   // A failed write shows up in the reads: the call ended (what the daemon sent before is
   // still read and checked, then Finish() gives the status). Finish() here could block: it

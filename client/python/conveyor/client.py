@@ -768,7 +768,10 @@ class Client:
         s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
                          truncation=truncation, parallel=parallel, initial_credits=credits,
                          resume_cursor=resume or "",
-                         transport=transports[transport])
+                         transport=transports[transport],
+                         # batches of one-sample rows come with their keys only (the reader
+                         # checks them as Pieces.single_sample_rows says)
+                         compact_pieces=True)
         if cuda_device is not None:
             s.cuda_device = cuda_device
         dtype_names = {"float16": pb.DTYPE_FLOAT16, "bfloat16": pb.DTYPE_BFLOAT16}
