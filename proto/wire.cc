@@ -345,21 +345,38 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   plan.num_sequences = n;
   plan.pieces.resize(n);
   if (single) {
+    // One sample of each stream at step 0 fits a row of every stream whose T is at least 1,
+    // and piece i lies in row i: the checks below, made once (failing where they would).
+    for (const StreamLayout& L : plan.streams) {
+      if (n > 0 && (L.sequence_axis ? L.max_length : 1) < 1) return absl::InvalidArgumentError("a piece runs past its row");
+    }
+    if (n > plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
     plan.counts.assign(n * plan.num_streams, 1);
-  } else {
-    plan.counts.assign(q.counts().begin(), q.counts().end());
+    const uint32_t longest = plan.num_streams > 0 ? 1 : 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int k = static_cast<int>(i);
+      PlacedPiece& p = plan.pieces[i];
+      p.key = q.key(k);
+      if (q.name_size() != 0) p.name = q.name(k);
+      p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
+      p.row = static_cast<uint32_t>(i);
+      p.truncated = q.truncated();
+      p.longest = longest;
+    }
+    return plan;
   }
+  plan.counts.assign(q.counts().begin(), q.counts().end());
   for (size_t i = 0; i < n; ++i) {
     const int k = static_cast<int>(i);
-    const uint32_t row = single ? static_cast<uint32_t>(i) : q.row(k);
+    const uint32_t row = q.row(k);
     if (row >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
     PlacedPiece& p = plan.pieces[i];
     p.key = q.key(k);
     if (q.name_size() != 0) p.name = q.name(k);
     p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
     p.row = row;
-    p.t0 = single ? 0 : q.t0(k);
-    p.sample_begin = single ? 0 : q.sample_begin(k);
+    p.t0 = q.t0(k);
+    p.sample_begin = q.sample_begin(k);
     p.truncated = q.truncated();
     for (size_t s = 0; s < plan.num_streams; ++s) {
       const uint32_t c = plan.counts[i * plan.num_streams + s];

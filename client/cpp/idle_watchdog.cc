@@ -27,7 +27,7 @@ void IdleWatchdog::Arm(grpc::ClientContext* ctx, std::chrono::milliseconds timeo
 
 bool IdleWatchdog::Disarm() {
   absl::MutexLock lock(&mu_);
-  ctx_ = nullptr;  // the thread finds nothing armed when it wakes, and waits for a signal
+  ctx_ = nullptr;  // the thread finds nothing armed when it wakes at the last deadline
   return fired_;
 }
 
@@ -45,16 +45,18 @@ void IdleWatchdog::Run() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
     const Clock::time_point now = Clock::now();
-    if (ctx_ == nullptr) {
-      wake_at_ = Clock::time_point::max();
-      cv_.Wait(&mu_);
-    } else if (now >= deadline_) {
+    if (ctx_ != nullptr && now >= deadline_) {
       ctx_->TryCancel();  // thread-safe; Read() returns false
       fired_ = true;
       ctx_ = nullptr;
       continue;
+    }
+    if (now >= deadline_) {  // nothing armed since the last deadline passed
+      wake_at_ = Clock::time_point::max();
+      cv_.Wait(&mu_);
     } else {
-      // Until the deadline seen now; one armed later (a later deadline) is checked then.
+      // Until the last deadline armed, armed still or not (disarmed, it is soon armed again,
+      // later): a deadline armed meanwhile is checked then, an earlier one signals.
       wake_at_ = deadline_;
       cv_.WaitWithTimeout(&mu_, absl::FromChrono(deadline_ - now));
     }

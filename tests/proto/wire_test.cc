@@ -115,10 +115,33 @@ TEST(Wire, ACompactDescriptorWithTheListsItImpliesIsRefused) {
     EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(plan.status().message(), "single-sample rows with the piece lists they imply, or lists of another length");
   }
-  // More pieces than rows: piece 4 would lie outside the batch.
+  // More pieces than rows: piece 4 would lie outside the batch (2 steps make room for 8).
   v1::BatchDescriptor more = d;
   more.mutable_pieces()->add_key(9);
-  EXPECT_FALSE(DescriptorToPlan(more).ok());
+  more.set_steps(2);
+  for (v1::ArrayRef* a : {more.mutable_mask(), more.mutable_flags()}) {
+    a->set_dtype(v1::DTYPE_UINT8);
+    a->set_bytes(8);
+    a->add_shape(4);
+    a->add_shape(2);
+  }
+  auto outside = DescriptorToPlan(more);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.status().message(), "a piece lies outside the batch's rows");
+  // A stream with no step for the pieces' one sample.
+  v1::BatchDescriptor empty_rows = d;
+  v1::StreamBatch* s = empty_rows.mutable_streams(1);
+  s->set_sequence_axis(true);
+  s->set_max_length(0);
+  s->mutable_values()->set_bytes(0);
+  s->mutable_values()->clear_shape();
+  for (uint64_t x : {4, 0, 1}) s->mutable_values()->add_shape(x);
+  s->mutable_lengths()->set_dtype(v1::DTYPE_INT32);
+  s->mutable_lengths()->set_bytes(16);
+  s->mutable_lengths()->add_shape(4);
+  auto past = DescriptorToPlan(empty_rows);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().message(), "a piece runs past its row");
 }
 
 TEST(Wire, ACompactDescriptorImplyingTooManyCountsIsRefused) {

@@ -240,6 +240,16 @@ class CompactPiecesTest(unittest.TestCase):
         d.pieces.key.extend(range(4))  # 9 pieces in 8 rows
         with self.assertRaisesRegex(ProtocolError, "^a piece lies outside the batch's rows$"):
             check_descriptor(d)
+        d = self.descriptor(streams=2)  # a stream with no step for the pieces' one sample
+        s = d.streams[1]
+        s.sequence_axis, s.max_length = True, 0
+        s.values.bytes = 0
+        del s.values.shape[:]
+        s.values.shape.extend([4, 0, 1])
+        s.lengths.dtype, s.lengths.bytes = pb.DTYPE_INT32, 16
+        s.lengths.shape.append(4)
+        with self.assertRaisesRegex(ProtocolError, "^a piece runs past its row$"):
+            check_descriptor(d)
         rows = (1 << 26) // 4096 + 1
         with self.assertRaisesRegex(ProtocolError, f"^single-sample rows implying {rows} pieces x 4096 streams"):
             check_descriptor(self.descriptor(rows=rows, pieces=rows, streams=4096))

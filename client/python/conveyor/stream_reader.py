@@ -140,10 +140,10 @@ def check_descriptor(d):
         if n * len(d.streams) > MAX_IMPLIED_COUNTS:
             raise ProtocolError(f"single-sample rows implying {n} pieces x {len(d.streams)} streams "
                                 f"(at most {MAX_IMPLIED_COUNTS})")
-        if n > rows:
-            raise ProtocolError("a piece lies outside the batch's rows")
         if n and any(t < 1 for t in longest):
             raise ProtocolError("a piece runs past its row")
+        if n > rows:
+            raise ProtocolError("a piece lies outside the batch's rows")
     elif n:
         if max(q.row) >= rows:
             raise ProtocolError("a piece lies outside the batch's rows")
