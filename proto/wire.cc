@@ -124,7 +124,23 @@ absl::StatusOr<ArrayDesc> ArrayFromProto(const v1::ArrayRef& a, uint64_t total, 
 
 }  // namespace
 
-void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
+namespace {
+
+// Whether every piece of `plan` is one sample of each stream alone in its row, as
+// Pieces.single_sample_rows describes them.
+bool SingleSampleRows(const BatchPlan& plan) {
+  for (size_t i = 0; i < plan.pieces.size(); ++i) {
+    const PlacedPiece& p = plan.pieces[i];
+    if (p.row != i || p.t0 != 0 || p.sample_begin != 0) return false;
+  }
+  for (uint32_t c : plan.counts)
+    if (c != 1) return false;
+  return plan.counts.size() == plan.pieces.size() * plan.num_streams;
+}
+
+}  // namespace
+
+void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out, bool compact) {
   out->set_total_bytes(plan.total_bytes);
   out->set_rows(plan.shape.rows);
   out->set_steps(plan.shape.steps);
@@ -153,18 +169,28 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
   }
   v1::Pieces* q = out->mutable_pieces();
   const int n = static_cast<int>(plan.pieces.size());
+  // A batch of thousands of one-sample sequences would otherwise spend most of its
+  // descriptor on lists the client can infer (encoded and decoded each batch).
+  const bool single = compact && n > 0 && plan.counts.size() <= kMaxImpliedCounts && SingleSampleRows(plan);
+  q->set_single_sample_rows(single);
   q->mutable_key()->Reserve(n);
-  q->mutable_row()->Reserve(n);
-  q->mutable_t0()->Reserve(n);
-  q->mutable_sample_begin()->Reserve(n);
-  bool framed = false;
+  bool framed = false, truncated = false;
   for (const PlacedPiece& p : plan.pieces) {
     q->add_key(p.key);
-    q->add_row(p.row);
-    q->add_t0(p.t0);
-    q->add_sample_begin(p.sample_begin);
     framed = framed || p.frame >= 0;
-    q->set_truncated(q->truncated() || p.truncated);
+    truncated = truncated || p.truncated;
+  }
+  q->set_truncated(truncated);
+  if (!single) {
+    q->mutable_row()->Reserve(n);
+    q->mutable_t0()->Reserve(n);
+    q->mutable_sample_begin()->Reserve(n);
+    for (const PlacedPiece& p : plan.pieces) {
+      q->add_row(p.row);
+      q->add_t0(p.t0);
+      q->add_sample_begin(p.sample_begin);
+    }
+    q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
   }
   if (!plan.pieces.empty() && !plan.pieces[0].name.empty()) {
     q->mutable_name()->Reserve(n);
@@ -174,10 +200,9 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out) {
     q->mutable_frame()->Reserve(n);
     for (const PlacedPiece& p : plan.pieces) q->add_frame(p.frame);
   }
-  q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
 }
 
-v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor) {
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor, bool compact) {
   v1::StreamResponse message;
   v1::BatchDescriptor* d = message.mutable_batch();
   d->set_serial(serial);
@@ -186,7 +211,7 @@ v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std:
   d->set_end_of_epoch(batch.end_of_epoch);
   d->set_end_of_sweep(batch.end_of_sweep);
   d->set_cursor(cursor);
-  PlanToDescriptor(batch.plan, d);
+  PlanToDescriptor(batch.plan, d, compact);
   return message;
 }
 
@@ -300,26 +325,56 @@ absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d) {
   plan.num_streams = plan.streams.size();
   const v1::Pieces& q = d.pieces();
   const size_t n = static_cast<size_t>(q.key_size());
-  if (static_cast<size_t>(q.row_size()) != n || static_cast<size_t>(q.t0_size()) != n ||
-      static_cast<size_t>(q.sample_begin_size()) != n || (q.frame_size() != 0 && static_cast<size_t>(q.frame_size()) != n) ||
+  // Single-sample rows: row i, step 0, the sequence's first sample, one sample a stream.
+  const bool single = q.single_sample_rows();
+  const size_t listed = single ? 0 : n;
+  if (static_cast<size_t>(q.row_size()) != listed || static_cast<size_t>(q.t0_size()) != listed ||
+      static_cast<size_t>(q.sample_begin_size()) != listed || (q.frame_size() != 0 && static_cast<size_t>(q.frame_size()) != n) ||
       (q.name_size() != 0 && static_cast<size_t>(q.name_size()) != n) ||
-      static_cast<uint64_t>(q.counts_size()) != static_cast<uint64_t>(n) * plan.num_streams) {
-    return absl::InvalidArgumentError("the pieces' lists do not have one entry per piece (and stream)");
+      static_cast<uint64_t>(q.counts_size()) != static_cast<uint64_t>(listed) * plan.num_streams) {
+    return absl::InvalidArgumentError(single ? "single-sample rows with the piece lists they imply, or lists of another length"
+                                             : "the pieces' lists do not have one entry per piece (and stream)");
   }
-  plan.num_sequences = n;
-  plan.pieces.resize(n);
-  plan.counts.assign(q.counts().begin(), q.counts().end());
   if (n > static_cast<uint64_t>(plan.shape.rows) * std::max<uint64_t>(1, plan.shape.steps)) {
     return absl::InvalidArgumentError(absl::StrCat("a batch of ", plan.shape.rows, " rows cannot hold ", n, " pieces"));
   }
+  if (single && static_cast<uint64_t>(n) * plan.num_streams > kMaxImpliedCounts) {
+    return absl::InvalidArgumentError(absl::StrCat("single-sample rows implying ", n, " pieces x ", plan.num_streams,
+                                                   " streams (at most ", kMaxImpliedCounts, ")"));
+  }
+  plan.num_sequences = n;
+  plan.pieces.resize(n);
+  if (single) {
+    // One sample of each stream at step 0 fits a row of every stream whose T is at least 1,
+    // and piece i lies in row i: the checks below, made once (failing where they would).
+    for (const StreamLayout& L : plan.streams) {
+      if (n > 0 && (L.sequence_axis ? L.max_length : 1) < 1) return absl::InvalidArgumentError("a piece runs past its row");
+    }
+    if (n > plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
+    plan.counts.assign(n * plan.num_streams, 1);
+    const uint32_t longest = plan.num_streams > 0 ? 1 : 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int k = static_cast<int>(i);
+      PlacedPiece& p = plan.pieces[i];
+      p.key = q.key(k);
+      if (q.name_size() != 0) p.name = q.name(k);
+      p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
+      p.row = static_cast<uint32_t>(i);
+      p.truncated = q.truncated();
+      p.longest = longest;
+    }
+    return plan;
+  }
+  plan.counts.assign(q.counts().begin(), q.counts().end());
   for (size_t i = 0; i < n; ++i) {
     const int k = static_cast<int>(i);
-    if (q.row(k) >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
+    const uint32_t row = q.row(k);
+    if (row >= plan.shape.rows) return absl::InvalidArgumentError("a piece lies outside the batch's rows");
     PlacedPiece& p = plan.pieces[i];
     p.key = q.key(k);
     if (q.name_size() != 0) p.name = q.name(k);
     p.frame = q.frame_size() != 0 ? q.frame(k) : -1;
-    p.row = q.row(k);
+    p.row = row;
     p.t0 = q.t0(k);
     p.sample_begin = q.sample_begin(k);
     p.truncated = q.truncated();

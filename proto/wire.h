@@ -15,20 +15,29 @@
 
 namespace conveyor {
 
-// Fills the layout part of `out` (arrays, streams, pieces, shape) from `plan`.
-void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out);
+// Fills the layout part of `out` (arrays, streams, pieces, shape) from `plan`. `compact`
+// (the subscriber set Subscribe.compact_pieces): pieces that are one sample of each stream
+// alone in their rows are described by Pieces.single_sample_rows and their keys only.
+void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out, bool compact = false);
 
 struct Batch;  // common/sampling/loader.h
 // The message announcing `batch` as batch `serial` of a stream, resumable at `cursor`: its
-// descriptor complete but for where its bytes are, which its transport adds.
-v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor);
+// descriptor complete but for where its bytes are, which its transport adds. `compact`: as
+// PlanToDescriptor's.
+v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std::string& cursor,
+                                 bool compact = false);
 
 // Streams a batch descriptor may have.
 inline constexpr int kMaxStreams = 4096;
+// Pieces x streams a compact descriptor (Pieces.single_sample_rows) may imply: a client
+// allocates them without the daemon having sent them (a frame-mode minibatch of 2^24
+// samples in 4 streams fits; the daemon sends larger ones in full).
+inline constexpr uint64_t kMaxImpliedCounts = uint64_t{1} << 26;
 
 // The plan a descriptor describes, checked against `total_bytes` of payload: every enum
 // known, every array inside the batch with the dtype and shape its stream's layout implies,
-// every piece inside its row. Errors: InvalidArgument naming what does not fit (a client
+// every piece inside its row (a compact descriptor's pieces as Pieces.single_sample_rows
+// implies them). Errors: InvalidArgument naming what does not fit (a client
 // must never read out of bounds because a server lied). Does not allocate beyond the plan.
 absl::StatusOr<BatchPlan> DescriptorToPlan(const v1::BatchDescriptor& d);
 

@@ -347,7 +347,7 @@ bool StreamReactor::Publish(const Batch& batch, std::unique_ptr<Transport::Desti
   const uint64_t serial = destination->serial;
   const uint64_t total = batch.plan.total_bytes;
   std::vector<OutgoingMessage> out;
-  transport_->Describe(std::move(destination), BatchResponse(batch, serial, cursor), &out);
+  transport_->Describe(std::move(destination), BatchResponse(batch, serial, cursor, subscribe_.compact_pieces()), &out);
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_ && !draining_) return false;  // cancelled while making it
   --credits_;

@@ -159,6 +159,9 @@ absl::Status Subscription::Open() {
   device_segments_.clear();
   v1::StreamRequest first;
   *first.mutable_subscribe() = request_;
+  // Batches of one-sample rows come with their keys only (proto: Pieces.single_sample_rows);
+  // DescriptorToPlan puts the pieces back together in the plan.
+  first.mutable_subscribe()->set_compact_pieces(true);
   if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
   // A failed write shows up in the reads: the call ended (what the daemon sent before is
   // still read and checked, then Finish() gives the status). Finish() here could block: it
@@ -378,6 +381,15 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
 
 // ------------------------------------------------------------------ Client
 
+namespace {
+
+// The stream's receive window: what the daemon may send ahead of the reader (its credits
+// bound that too: 8 batches of 1.6 MB fit). The HTTP/2 limit on a DATA frame (2^24 - 1).
+constexpr int kReceiveWindow = 16 << 20;
+constexpr int kMaxFrameSize = (1 << 24) - 1;
+
+}  // namespace
+
 Client::Client(std::vector<std::string> addresses, std::vector<std::shared_ptr<grpc::Channel>> channels,
                std::string token, ClientLimits limits)
     : addresses_(std::move(addresses)), channels_(std::move(channels)), token_(std::move(token)), limits_(limits) {
@@ -401,6 +413,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Flow control sized for batches of megabytes (bench/RESULTS.md, "Issue 19: inline stream,
+  // part 2"): a fixed receive window of kReceiveWindow bytes instead of BDP probing, which
+  // started each connection at 64 KiB and pinged and updated the window all along (10-15%
+  // of the daemon's CPU per GB on loopback); the daemon's credits bound what it sends ahead
+  // anyway. DATA frames as large as HTTP/2 allows, so that a part is not cut every 16 KiB.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kReceiveWindow);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameSize);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (!options.tls_root_certs.empty()) {
     grpc::SslCredentialsOptions ssl;

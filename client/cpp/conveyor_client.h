@@ -88,6 +88,9 @@ struct CsrView {
 
 class ReceivedBatch {
  public:
+  // The descriptor as received. Its pieces may be compact (Pieces.single_sample_rows: the
+  // client asks for that form, keys only for batches of one-sample rows); plan().pieces
+  // has every piece in full.
   const v1::BatchDescriptor& descriptor() const { return descriptor_; }
   const BatchPlan& plan() const { return plan_; }
   // The batch's bytes: owned (inline transport) or inside a shared-memory segment (valid

@@ -1,6 +1,5 @@
 #include "client/cpp/idle_watchdog.h"
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace conveyor {
@@ -9,6 +8,7 @@ IdleWatchdog::~IdleWatchdog() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -16,34 +16,51 @@ IdleWatchdog::~IdleWatchdog() {
 void IdleWatchdog::Arm(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) {
   absl::MutexLock lock(&mu_);
   ctx_ = ctx;
-  deadline_ = std::chrono::steady_clock::now() + timeout;
+  deadline_ = Clock::now() + timeout;
   fired_ = false;
-  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] { Run(); });
+  } else if (wake_at_ > deadline_) {
+    cv_.Signal();  // it would sleep past this deadline (or until signalled)
+  }
 }
 
 bool IdleWatchdog::Disarm() {
   absl::MutexLock lock(&mu_);
-  ctx_ = nullptr;
+  ctx_ = nullptr;  // the thread finds nothing armed when it wakes at the last deadline
+  return fired_;
+}
+
+uint64_t IdleWatchdog::wakeups() const {
+  absl::MutexLock lock(&mu_);
+  return wakeups_;
+}
+
+bool IdleWatchdog::fired() const {
+  absl::MutexLock lock(&mu_);
   return fired_;
 }
 
 void IdleWatchdog::Run() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    mu_.Await(absl::Condition(this, &IdleWatchdog::Woken));
-    if (stop_) return;
-    const auto left = deadline_ - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) {
+    const Clock::time_point now = Clock::now();
+    if (ctx_ != nullptr && now >= deadline_) {
       ctx_->TryCancel();  // thread-safe; Read() returns false
       fired_ = true;
       ctx_ = nullptr;
       continue;
     }
-    // Until the deadline, or until disarmed / re-armed / stopped.
-    grpc::ClientContext* armed = ctx_;
-    const auto deadline = deadline_;
-    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || ctx_ != armed || deadline_ != deadline; };
-    mu_.AwaitWithTimeout(absl::Condition(&changed), absl::FromChrono(left));
+    if (now >= deadline_) {  // nothing armed since the last deadline passed
+      wake_at_ = Clock::time_point::max();
+      cv_.Wait(&mu_);
+    } else {
+      // Until the last deadline armed, armed still or not (disarmed, it is soon armed again,
+      // later): a deadline armed meanwhile is checked then, an earlier one signals.
+      wake_at_ = deadline_;
+      cv_.WaitWithTimeout(&mu_, absl::FromChrono(deadline_ - now));
+    }
+    ++wakeups_;
   }
 }
 

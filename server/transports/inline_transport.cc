@@ -43,12 +43,14 @@ struct Mapping {
 class InlineTransport::Pool {
  public:
   explicit Pool(size_t keep) : keep_(keep) {}
-  // The smallest idle mapping of at least `bytes`, or null.
+  // The smallest idle mapping of at least `bytes`, the one given back last among equals
+  // (or null): the pages the kernel has just copied from are likely still in the cache, and
+  // the assembler writes them again sooner than it could fetch colder ones.
   std::unique_ptr<Mapping> Take(uint64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     size_t best = idle_.size();
     for (size_t i = 0; i < idle_.size(); ++i) {
-      if (idle_[i]->size >= bytes && (best == idle_.size() || idle_[i]->size < idle_[best]->size)) best = i;
+      if (idle_[i]->size >= bytes && (best == idle_.size() || idle_[i]->size <= idle_[best]->size)) best = i;
     }
     if (best == idle_.size()) return nullptr;
     std::unique_ptr<Mapping> m = std::move(idle_[best]);

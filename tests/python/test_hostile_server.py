@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(BUILD, "python"))
 import grpc  # noqa: E402
 
 import conveyor  # noqa: E402
-from conveyor.stream_reader import ProtocolError, StreamReader  # noqa: E402
+from conveyor.stream_reader import ProtocolError, StreamReader, check_descriptor  # noqa: E402
 from conveyor.v1 import conveyor_pb2 as pb  # noqa: E402
 
 CORPUS = os.path.join(SOURCE, "tests", "fuzz", "corpus", "stream_reader_fuzzer")
@@ -199,6 +199,60 @@ class CorpusReaderTest(unittest.TestCase):
         self.assertEqual(str(b.dense("features").dtype), "float16")
         self.assertEqual(str(b.dense("labels").dtype), "uint16")
         self.assertEqual(b.dense("features").shape[0], 100)
+
+
+class CompactPiecesTest(unittest.TestCase):
+    """Pieces.single_sample_rows, checked as the C++ reader (DescriptorToPlan) checks it."""
+
+    @staticmethod
+    def descriptor(rows=4, pieces=4, streams=1):
+        d = pb.BatchDescriptor(total_bytes=rows * 4, rows=rows, frame_mode=True, samples=rows, parts=1)
+        for i in range(streams):
+            s = d.streams.add(name=f"s{i}", format=pb.FORMAT_DENSE, dim=1)
+            s.values.dtype = pb.DTYPE_FLOAT32
+            s.values.bytes = rows * 4
+            s.values.shape.extend([rows, 1])
+        d.pieces.key.extend(range(100, 100 + pieces))
+        d.pieces.single_sample_rows = True
+        return d
+
+    def test_keys_only_are_accepted(self):
+        check_descriptor(self.descriptor())
+        check_descriptor(self.descriptor(pieces=3))
+
+    def test_the_lists_it_implies_are_refused(self):
+        for field, values in (("row", [0, 1, 2, 3]), ("t0", [0] * 4), ("sample_begin", [0] * 4), ("counts", [1] * 4)):
+            d = self.descriptor()
+            getattr(d.pieces, field).extend(values)
+            with self.assertRaisesRegex(ProtocolError, "^single-sample rows with the piece lists they imply"):
+                check_descriptor(d)
+
+    def test_more_pieces_than_rows_or_counts_than_allowed_are_refused(self):
+        with self.assertRaisesRegex(ProtocolError, "^a batch of 4 rows cannot hold 5 pieces$"):
+            check_descriptor(self.descriptor(pieces=5))
+        d = self.descriptor(rows=8, pieces=5)
+        d.steps = 2  # 16 places for pieces, but row i must be < 8 for each
+        d.mask.dtype = d.flags.dtype = pb.DTYPE_UINT8
+        for a in (d.mask, d.flags):
+            a.bytes = 16
+            a.shape.extend([8, 2])
+        check_descriptor(d)
+        d.pieces.key.extend(range(4))  # 9 pieces in 8 rows
+        with self.assertRaisesRegex(ProtocolError, "^a piece lies outside the batch's rows$"):
+            check_descriptor(d)
+        d = self.descriptor(streams=2)  # a stream with no step for the pieces' one sample
+        s = d.streams[1]
+        s.sequence_axis, s.max_length = True, 0
+        s.values.bytes = 0
+        del s.values.shape[:]
+        s.values.shape.extend([4, 0, 1])
+        s.lengths.dtype, s.lengths.bytes = pb.DTYPE_INT32, 16
+        s.lengths.shape.append(4)
+        with self.assertRaisesRegex(ProtocolError, "^a piece runs past its row$"):
+            check_descriptor(d)
+        rows = (1 << 26) // 4096 + 1
+        with self.assertRaisesRegex(ProtocolError, f"^single-sample rows implying {rows} pieces x 4096 streams"):
+            check_descriptor(self.descriptor(rows=rows, pieces=rows, streams=4096))
 
 
 class HostileServerTest(unittest.TestCase):

@@ -201,6 +201,34 @@ TEST(InlineTransport, ABatchsPagesAreReusedOnceGRPCLetsGoOfThem) {
   EXPECT_EQ(budget.used(), 91000u);
 }
 
+TEST(InlineTransport, TheBufferGivenBackLastIsReusedFirst) {
+  ServiceOptions o;
+  MemoryBudget budget("the daemon's budget for batches in flight", "server.inFlightBytes", 1 << 24);
+  auto t = MakeTransport(SubscribeWith(v1::TRANSPORT_INLINE), TransportEnv{&o, &budget, 4});
+  ASSERT_TRUE(t.ok()) << t.status();
+  // Three batches of one size in flight, given back in the order 1, 2, 0.
+  std::vector<grpc::ByteBuffer> sent(3);
+  std::vector<const std::byte*> pages;
+  for (uint64_t serial = 0; serial < 3; ++serial) {
+    auto d = (*t)->Reserve(serial, 50000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    pages.push_back((*d)->bytes.data());
+    std::vector<OutgoingMessage> out;
+    (*t)->Describe(std::move(*d), Descriptor(), &out);
+    sent[serial] = out[0].Encode();
+  }
+  for (size_t i : {1, 2, 0}) sent[i].Clear();
+  // The next batches take them back last given first: the pages the kernel read last are
+  // the likeliest to be cached still.
+  std::vector<std::unique_ptr<Transport::Destination>> held;  // in use while held
+  for (size_t expected : {0, 2, 1}) {
+    auto d = (*t)->Reserve(3 + held.size(), 50000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ((*d)->bytes.data(), pages[expected]);
+    held.push_back(std::move(*d));
+  }
+}
+
 TEST(Transport, MessagesWithoutAPartEncodeAsProtobufDoes) {
   OutgoingMessage end{v1::StreamResponse(), nullptr, 0, 0, nullptr};
   end.message.mutable_end()->set_cursor("abc");

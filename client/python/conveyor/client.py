@@ -661,6 +661,12 @@ class Client:
             ("grpc.keepalive_timeout_ms", int(keepalive_timeout * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
+            # Flow control sized for batches of megabytes, as the C++ client's: a fixed 16 MiB
+            # receive window rather than BDP probing (which starts at 64 KiB and pings and
+            # updates the window all along), DATA frames as large as HTTP/2 allows.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", 16 << 20),
+            ("grpc.http2.max_frame_size", (1 << 24) - 1),
         ]
         if root_certificates is not None and server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
@@ -762,7 +768,10 @@ class Client:
         s = pb.Subscribe(dataset=dataset, minibatch_size=minibatch_size, epochs=epochs,
                          truncation=truncation, parallel=parallel, initial_credits=credits,
                          resume_cursor=resume or "",
-                         transport=transports[transport])
+                         transport=transports[transport],
+                         # batches of one-sample rows come with their keys only (the reader
+                         # checks them as Pieces.single_sample_rows says)
+                         compact_pieces=True)
         if cuda_device is not None:
             s.cuda_device = cuda_device
         dtype_names = {"float16": pb.DTYPE_FLOAT16, "bfloat16": pb.DTYPE_BFLOAT16}

@@ -24,6 +24,7 @@ _NUMPY = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_FLOAT64: np.float64, pb.DTYPE_I
 _NARROWED = (pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16)
 _LAYOUTS = {pb.LAYOUT_NATIVE: "native", pb.LAYOUT_CSC: "csc", pb.LAYOUT_CSR: "csr", pb.LAYOUT_DENSE: "dense"}
 MAX_STREAMS = 4096
+MAX_IMPLIED_COUNTS = 1 << 26  # pieces x streams a compact descriptor may imply (proto/wire.h)
 MAX_CURSOR_BYTES = 4096
 
 
@@ -125,12 +126,25 @@ def check_descriptor(d):
             raise ProtocolError(f"stream '{name}': lengths do not match the rows")
     q = d.pieces
     n = len(q.key)
-    if (len(q.row) != n or len(q.t0) != n or len(q.sample_begin) != n or len(q.frame) not in (0, n) or
-            len(q.name) not in (0, n) or len(q.counts) != n * len(d.streams)):
-        raise ProtocolError("the pieces' lists do not have one entry per piece (and stream)")
+    # Single-sample rows (asked for with Subscribe.compact_pieces): piece i in row i, from
+    # step 0 and its sequence's first sample, one sample of every stream; the lists are empty.
+    single = q.single_sample_rows
+    listed = 0 if single else n
+    if (len(q.row) != listed or len(q.t0) != listed or len(q.sample_begin) != listed or len(q.frame) not in (0, n) or
+            len(q.name) not in (0, n) or len(q.counts) != listed * len(d.streams)):
+        raise ProtocolError("single-sample rows with the piece lists they imply, or lists of another length" if single
+                            else "the pieces' lists do not have one entry per piece (and stream)")
     if n > rows * max(1, steps):
         raise ProtocolError(f"a batch of {rows} rows cannot hold {n} pieces")
-    if n:
+    if single:
+        if n * len(d.streams) > MAX_IMPLIED_COUNTS:
+            raise ProtocolError(f"single-sample rows implying {n} pieces x {len(d.streams)} streams "
+                                f"(at most {MAX_IMPLIED_COUNTS})")
+        if n and any(t < 1 for t in longest):
+            raise ProtocolError("a piece runs past its row")
+        if n > rows:
+            raise ProtocolError("a piece lies outside the batch's rows")
+    elif n:
         if max(q.row) >= rows:
             raise ProtocolError("a piece lies outside the batch's rows")
         if d.streams:
