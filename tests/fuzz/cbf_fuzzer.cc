@@ -4,6 +4,7 @@
 // listing's checked walk (CountCbfChunk) accepts, with the same message where it refuses.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string_view>
 #include <vector>
 
@@ -23,8 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t c = 0; c < file->chunks.size() && c < 64; ++c) {
     auto chunk = conveyor::ParseCbfChunk(bytes, *file, *index, c, source, precision, "fuzz.bin");
     conveyor::CbfChunkCounts counts;
-    if (conveyor::CountCbfChunk(bytes, *file, *index, c, source, precision, "fuzz.bin", &counts) !=
-        chunk.status()) {
+    const absl::Status listed = conveyor::CountCbfChunk(bytes, *file, *index, c, source, precision, "fuzz.bin", &counts);
+    if (listed != chunk.status()) {
+      std::fprintf(stderr, "chunk %zu: the decoder says\n  %s\nthe listing says\n  %s\n", c,
+                   chunk.status().ToString().c_str(), listed.ToString().c_str());
       __builtin_trap();
     }
     if (!chunk.ok()) continue;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
 #include "common/convert/cbf_writer.h"
+#include "common/formats/cbf/cbf_layout.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/chunked_file.h"
 #include "common/formats/registry.h"
@@ -454,6 +455,31 @@ std::string HandWrittenDocumented() {
   Put<int64_t>(&f, 0), Put<int32_t>(&f, 2), Put<int32_t>(&f, 4);
   Put<int64_t>(&f, static_cast<int64_t>(c0.size())), Put<int32_t>(&f, 1), Put<int32_t>(&f, 1);
   return f + c0 + c1;
+}
+
+// The decoders' bulk index check: [0, dim) for any dim a header may claim. A dim past 2^31
+// once let a negative index pass (compared as unsigned: below 4227858532), where the
+// listing refused it (found by cbf_fuzzer; its input is in the corpus).
+TEST(Cbf, IndicesBelowRefusesNegativeIndicesWhateverTheDim) {
+  for (uint32_t dim : {1u, 7u, 0x7fffffffu, 0x80000000u, 0x80000001u, 4227858532u, 0xffffffffu}) {
+    for (uint64_t count : {1u, 3u, 4u, 5u, 9u}) {
+      for (uint64_t bad = 0; bad < count; ++bad) {
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << ", count " << count << ", bad " << bad);
+        std::vector<int32_t> v(count, 0);
+        EXPECT_TRUE(cbf::IndicesBelow(reinterpret_cast<const char*>(v.data()), count, dim));
+        v[bad] = -1627389935;
+        EXPECT_FALSE(cbf::IndicesBelow(reinterpret_cast<const char*>(v.data()), count, dim));
+        v[bad] = -1;
+        EXPECT_FALSE(cbf::IndicesBelow(reinterpret_cast<const char*>(v.data()), count, dim));
+        v[bad] = static_cast<int32_t>(std::min<uint32_t>(dim - 1, 0x7fffffff));
+        EXPECT_TRUE(cbf::IndicesBelow(reinterpret_cast<const char*>(v.data()), count, dim));
+        if (dim <= 0x7fffffffu) {
+          v[bad] = static_cast<int32_t>(dim);
+          EXPECT_FALSE(cbf::IndicesBelow(reinterpret_cast<const char*>(v.data()), count, dim));
+        }
+      }
+    }
+  }
 }
 
 TEST(CbfDocumented, DecodesAHandWrittenFile) {

@@ -4,6 +4,7 @@
 // first). cbf_reader.h describes both layouts.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -58,8 +59,11 @@ inline V Load(const char* p) {
 }
 
 // True when each of the `count` int32 at `p` (any alignment) lies in [0, dim), dim >= 1:
-// as unsigned, a negative index is past any dim, so one comparison checks both ends.
+// as unsigned, a negative index is past any bound up to 2^31, so one comparison checks both
+// ends (a dim past 2^31, which a header may claim, is clamped to 2^31: int32 indices end
+// there, and a negative one must not pass as a large row).
 inline bool IndicesBelow(const char* p, uint64_t count, uint32_t dim) {
+  dim = std::min<uint32_t>(dim, 0x80000000u);
 #if defined(__SSE2__)
   if (count >= 4) {
     // 4 at a time, the last 4 overlapping the ones before; SSE2 compares signed, so both
