@@ -222,15 +222,9 @@ void StreamReactor::Run() {
       run = true;
     }
   }
+  // Produce() completes every batch it began before it returns (nothing writes into slots or
+  // buffers after it); a loader it never ran began none.
   if (run) Produce();
-  // Nothing may write into slots or buffers once the loader is gone (Produce() has completed
-  // its batches in flight already; a loader it never ran has none).
-  if (loader_) {
-    while (loader_->in_flight() > 0) {
-      Batch discarded;
-      (void)loader_->Complete(&discarded);
-    }
-  }
   std::unique_ptr<Loader> loader;
   std::unique_ptr<BatchAssembler> assembler;
   {
