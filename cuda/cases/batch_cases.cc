@@ -44,6 +44,15 @@ void AddSequence(const CaseSpec& spec, const std::vector<uint32_t>& lens, std::m
 
 }  // namespace
 
+std::vector<DType> NarrowedDTypes(const BatchCase& c) {
+  std::vector<DType> dtypes;
+  for (size_t s = 0; s < c.streams.size(); ++s) {
+    dtypes.push_back(c.streams[s].format == StreamFormat::kIds ? DType::kFloat32
+                                                               : (s % 2 ? DType::kBFloat16 : DType::kFloat16));
+  }
+  return dtypes;
+}
+
 BatchCase MakeBatchCase(const CaseSpec& spec, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0, 1);

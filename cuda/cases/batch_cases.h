@@ -44,6 +44,10 @@ struct BatchCase {
 
 BatchCase MakeBatchCase(const CaseSpec& spec, uint64_t seed);
 
+// Output types that narrow a case's values: float16 and bfloat16 in turn by stream, ids left
+// float32 (for PlanBatch's `dtypes`).
+std::vector<DType> NarrowedDTypes(const BatchCase& c);
+
 // The standard set the assembler tests run over.
 std::vector<CaseSpec> StandardCases();
 

@@ -120,11 +120,7 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
       if (seed == 23 && spec.precision != Precision::kFloat) continue;
       SCOPED_TRACE(spec.name + " seed " + std::to_string(seed));
       auto c = MakeBatchCase(spec, seed);
-      std::vector<DType> dtypes;
-      for (size_t s = 0; seed == 23 && s < c.streams.size(); ++s) {
-        dtypes.push_back(c.streams[s].format == StreamFormat::kIds ? DType::kFloat32
-                                                                   : (s % 2 ? DType::kBFloat16 : DType::kFloat16));
-      }
+      const std::vector<DType> dtypes = seed == 23 ? NarrowedDTypes(c) : std::vector<DType>{};
       auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, dtypes);
       ASSERT_TRUE(plan.ok()) << plan.status();
       ExpectSameWithHelpers(*plan, c.pieces);

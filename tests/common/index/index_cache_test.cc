@@ -47,15 +47,26 @@ std::string Load(const std::string& path, uint64_t data_size, absl::Status* stat
   return read.ok() ? "" : std::string(read.status().message());
 }
 
+// `index` written as the cache at `path` (of a data file of `data_size` bytes) and read back;
+// an empty index, after a test failure, when either step fails.
+Index WriteAndRead(const std::string& path, const Index& index, uint64_t data_size) {
+  if (absl::Status st = WriteIndexCache(path, index, Stamp(data_size), kConfigHash); !st.ok()) {
+    ADD_FAILURE() << "writing " << path << ": " << st;
+    return Index();
+  }
+  auto read = ReadIndexCache(path, Stamp(data_size), kConfigHash);
+  if (!read.ok() || !read->has_value()) {
+    ADD_FAILURE() << "reading " << path << ": " << (read.ok() ? "refused as stale" : read.status().ToString());
+    return Index();
+  }
+  return std::move(**read);
+}
+
 TEST(IndexCacheV4, LoadedRecordsAreUsedInPlace) {
   TempDir dir;
   const Index index = MakeIndex(1000);
   const std::string path = dir.path() + "/x.cvyidx";
-  ASSERT_TRUE(WriteIndexCache(path, index, Stamp(10000), kConfigHash).ok());
-  auto read = ReadIndexCache(path, Stamp(10000), kConfigHash);
-  ASSERT_TRUE(read.ok()) << read.status();
-  ASSERT_TRUE(read->has_value());
-  const Index& back = **read;
+  const Index back = WriteAndRead(path, index, 10000);
   EXPECT_TRUE(back.sequences.borrowed());
   ASSERT_EQ(back.sequences.size(), 1000u);
   EXPECT_EQ(
@@ -81,10 +92,7 @@ TEST(IndexCacheV4, ContentHashValueIsStable) {
   EXPECT_EQ(index.content_hash, 0xbd3e53d02906c125ull);
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
-  ASSERT_TRUE(WriteIndexCache(path, index, Stamp(42), kConfigHash).ok());
-  auto read = ReadIndexCache(path, Stamp(42), kConfigHash);
-  ASSERT_TRUE(read.ok() && read->has_value()) << read.status();
-  EXPECT_EQ((*read)->content_hash, 0xbd3e53d02906c125ull);
+  EXPECT_EQ(WriteAndRead(path, index, 42).content_hash, 0xbd3e53d02906c125ull);
 }
 
 TEST(IndexCacheV4, EmptyIndexRoundTrips) {
@@ -92,11 +100,9 @@ TEST(IndexCacheV4, EmptyIndexRoundTrips) {
   Index index;
   index.ComputeContentHash();
   const std::string path = dir.path() + "/x.cvyidx";
-  ASSERT_TRUE(WriteIndexCache(path, index, Stamp(0), kConfigHash).ok());
-  auto read = ReadIndexCache(path, Stamp(0), kConfigHash);
-  ASSERT_TRUE(read.ok() && read->has_value()) << read.status();
-  EXPECT_TRUE((*read)->sequences.empty());
-  EXPECT_EQ((*read)->content_hash, index.content_hash);
+  const Index back = WriteAndRead(path, index, 0);
+  EXPECT_TRUE(back.sequences.empty());
+  EXPECT_EQ(back.content_hash, index.content_hash);
 }
 
 // Flipping any one byte of a small cache, anywhere (header, errors, records, block sums,
@@ -243,10 +249,7 @@ TEST(IndexCacheV4, ReplacedCacheLeavesALoadedIndexIntact) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   const Index first = MakeIndex(70000);
-  ASSERT_TRUE(WriteIndexCache(path, first, Stamp(700000), kConfigHash).ok());
-  auto read = ReadIndexCache(path, Stamp(700000), kConfigHash);
-  ASSERT_TRUE(read.ok() && read->has_value()) << read.status();
-  const Index loaded = std::move(**read);
+  const Index loaded = WriteAndRead(path, first, 700000);
   Index second = MakeIndex(70000);
   for (uint64_t i = 0; i < 70000; ++i) second.sequences[i].num_samples = 99;
   ASSERT_TRUE(WriteIndexCache(path, second, Stamp(700000), kConfigHash).ok());
@@ -264,10 +267,7 @@ TEST(SequenceTable, BorrowedTableDetachesOnWrite) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   const Index index = MakeIndex(100);
-  ASSERT_TRUE(WriteIndexCache(path, index, Stamp(1000), kConfigHash).ok());
-  auto read = ReadIndexCache(path, Stamp(1000), kConfigHash);
-  ASSERT_TRUE(read.ok() && read->has_value()) << read.status();
-  Index loaded = std::move(**read);
+  Index loaded = WriteAndRead(path, index, 1000);
   ASSERT_TRUE(loaded.sequences.borrowed());
 
   SequenceTable copy = loaded.sequences;
