@@ -29,8 +29,10 @@ void ChunkPipeline::Schedule(const std::shared_ptr<State>& s) {
   // batch), and a second chunk parsed beside it takes CPU from it whenever the pipeline's
   // threads outnumber the cores the process gets (issue 19: first batch).
   const uint64_t budget = s->first_done ? static_cast<uint64_t>(std::max(1, s->options.threads)) : 1;
+  // Past the parse-ahead only for a chunk the consumer waits for (one job at a time).
   const uint64_t prefetch = static_cast<uint64_t>(std::max(1, s->options.prefetch));
-  while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed && s->ahead + s->unclaimed < prefetch) {
+  while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed &&
+         (s->ahead + s->unclaimed < prefetch || s->wanted > s->unclaimed)) {
     ++s->jobs;
     ++s->unclaimed;
     s->pool->Submit([s] { RunJob(s); });
@@ -59,9 +61,10 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
   --s.unclaimed;
   Entry* todo = nullptr;
   uint64_t ticket = 0;
-  if (!s.stop && s.ahead < static_cast<uint64_t>(std::max(1, s.options.prefetch))) {
+  if (!s.stop && (s.wanted > 0 || s.ahead < static_cast<uint64_t>(std::max(1, s.options.prefetch)))) {
+    // The first chunk waited for, else the first not started (the order of use).
     for (auto& [t, e] : s.entries) {
-      if (!e.started) {
+      if (!e.started && (e.wanted || s.wanted == 0)) {
         todo = &e;
         ticket = t;
         break;
@@ -70,6 +73,7 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
   }
   if (todo != nullptr) {
     todo->started = true;
+    if (todo->wanted) --s.wanted;
     todo->counted = true;
     --s.unstarted;
     ++s.ahead;
@@ -109,6 +113,11 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
   std::unique_lock<std::mutex> lock(s.mu);
   auto it = s.entries.find(ticket);
   if (it == s.entries.end()) return absl::InternalError("unknown chunk ticket");
+  if (!it->second.started && !it->second.wanted) {
+    it->second.wanted = true;
+    ++s.wanted;
+    Schedule(state_);
+  }
   s.done_cv.wait(lock, [&] { return it->second.done || s.cancelled; });
   if (s.cancelled) return absl::CancelledError("the stream was cancelled");
   if (!it->second.taken) {
@@ -128,6 +137,7 @@ void ChunkPipeline::Release(uint64_t ticket) {
   auto it = s.entries.find(ticket);
   if (it == s.entries.end()) return;
   if (!it->second.started) --s.unstarted;
+  if (!it->second.started && it->second.wanted) --s.wanted;
   if (it->second.counted && !it->second.taken) --s.ahead;
   s.entries.erase(it);
   Schedule(state_);

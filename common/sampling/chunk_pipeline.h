@@ -45,8 +45,10 @@ class ChunkPipeline {
 
   // Schedules `chunk_id`; returns its ticket (tickets count up from 0).
   uint64_t Enqueue(uint64_t chunk_id);
-  // Waits for the ticket's chunk. Errors: the parse error (DataLoss beyond maxErrors);
-  // Cancelled once Cancel() was called.
+  // Waits for the ticket's chunk. A chunk waited for that no job has started is parsed next,
+  // even when `prefetch` chunks parsed ahead are not taken yet (the consumer may take tickets
+  // out of order: a prefetched chunk its next batches do not use must not stall it).
+  // Errors: the parse error (DataLoss beyond maxErrors); Cancelled once Cancel() was called.
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t ticket);
   // Thread-safe: wakes every Get() with Cancelled and starts no more parses (those running
   // finish their chunk).
@@ -65,6 +67,7 @@ class ChunkPipeline {
   struct Entry {
     uint64_t chunk = 0;
     bool started = false, done = false, taken = false, counted = false;
+    bool wanted = false;  // Get() waits for it: parsed next, past the parse-ahead budget
     absl::Status status;
     std::shared_ptr<const ParsedChunk> data;
   };
@@ -82,6 +85,7 @@ class ChunkPipeline {
     uint64_t next_ticket = 0;
     uint64_t ahead = 0;      // started or done, not yet taken
     uint64_t unstarted = 0;  // entries no job has started
+    uint64_t wanted = 0;     // of those, entries a Get() waits for
     uint64_t jobs = 0;       // jobs submitted and not finished
     uint64_t unclaimed = 0;  // of those, not yet running
     uint64_t parsing = 0;    // of those, parsing a chunk now

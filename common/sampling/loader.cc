@@ -105,6 +105,11 @@ void Loader::PrefetchAhead() {
       if (open_.find(chunk) == open_.end()) {
         open_.emplace(chunk, pipeline_->Enqueue(chunk));
         ++scheduled_ahead_;
+      } else if (prefetch_sweep_ > at.sweep) {
+        // Still open for the sweep being planned (a wide window holds every chunk to the
+        // sweep's end): it is this later sweep's to schedule once that plan closes it, so
+        // wait here rather than pass it and run on to chunks needed much later.
+        break;
       }
     }
     if (++prefetch_pos_ == n) {
