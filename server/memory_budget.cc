@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/huge_pages.h"
 
 namespace conveyor {
 
@@ -77,6 +78,7 @@ void MemoryReleaser::Run() {
       requested_ = false;
     }
     ::malloc_trim(0);
+    ReleaseHugeBlocks();  // the parsed chunks' blocks kept for reuse (common/huge_pages.h)
   }
 }
 

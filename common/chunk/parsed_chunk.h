@@ -14,6 +14,7 @@
 
 #include "common/config/dataset_config.h"
 #include "common/chunk/compressed.h"
+#include "common/huge_pages.h"
 
 namespace conveyor {
 
@@ -21,18 +22,18 @@ struct ParsedStream {
   StreamFormat format = StreamFormat::kDense;
   uint32_t dim = 0;
   // Sample range of parsed sequence i: [sequence_begin[i], sequence_begin[i+1]).
-  std::vector<uint64_t> sequence_begin{0};
+  HugeVector<uint64_t> sequence_begin{0};
   // sparse: nnz range of sample j: [nnz_begin[j], nnz_begin[j+1]).
-  std::vector<uint64_t> nnz_begin{0};
-  std::vector<int32_t> indices;  // sparse row indices; ids for format ids
+  HugeVector<uint64_t> nnz_begin{0};
+  HugeVector<int32_t> indices;  // sparse row indices; ids for format ids
   // Values in the dataset's precision: exactly one of these is used.
-  std::vector<float> values_f32;
-  std::vector<double> values_f64;
+  HugeVector<float> values_f32;
+  HugeVector<double> values_f64;
   // Dense values used where they lie in the mapped input (CBF, Kaldi FM/DM in the dataset's
   // precision): per parsed sequence, the address of its first sample's values, or empty when
   // values<T>() holds every sequence. Any alignment (readers copy with memcpy); valid while
   // the Dataset that parsed the chunk lives. Read dense values through DenseSamples().
-  std::vector<const std::byte*> in_place;
+  HugeVector<const std::byte*> in_place;
   // Dense values left compressed (Dataset opened with compressed_in_place): per parsed
   // sequence, its payload (Kaldi CM, CM2, CM3); empty otherwise. Read them through DecodeDense(), not DenseSamples().
   std::vector<CompressedDense> compressed;
@@ -42,7 +43,7 @@ struct ParsedStream {
   // `indices` hold every entry. Any alignment; valid while the Dataset that parsed the chunk
   // lives. nnz_begin numbers the entries chunk-wide either way: read them through
   // SparseIndexBytes()/SparseValueBytes() (or SparseIndex()/SparseValue()).
-  std::vector<const std::byte*> sparse_values_in_place, sparse_indices_in_place;
+  HugeVector<const std::byte*> sparse_values_in_place, sparse_indices_in_place;
 
   uint64_t num_samples(uint64_t seq) const { return sequence_begin[seq + 1] - sequence_begin[seq]; }
   // A dense stream's values of sample `b` (an index into this stream's samples, within parsed
@@ -101,28 +102,28 @@ struct ParsedStream {
   uint64_t total_entries() const { return nnz_begin.back(); }
   uint64_t total_samples() const { return sequence_begin.back(); }
   template <typename T>
-  std::vector<T>& values();
+  HugeVector<T>& values();
   template <typename T>
-  const std::vector<T>& values() const;
+  const HugeVector<T>& values() const;
 };
 
 template <>
-inline std::vector<float>& ParsedStream::values<float>() { return values_f32; }
+inline HugeVector<float>& ParsedStream::values<float>() { return values_f32; }
 template <>
-inline std::vector<double>& ParsedStream::values<double>() { return values_f64; }
+inline HugeVector<double>& ParsedStream::values<double>() { return values_f64; }
 template <>
-inline const std::vector<float>& ParsedStream::values<float>() const { return values_f32; }
+inline const HugeVector<float>& ParsedStream::values<float>() const { return values_f32; }
 template <>
-inline const std::vector<double>& ParsedStream::values<double>() const { return values_f64; }
+inline const HugeVector<double>& ParsedStream::values<double>() const { return values_f64; }
 
 struct ParsedChunk {
   uint64_t chunk_id = 0;
   Precision precision = Precision::kFloat;
   std::vector<ParsedStream> streams;  // in the dataset's stream order
-  std::vector<uint64_t> keys;         // per parsed sequence
+  HugeVector<uint64_t> keys;         // per parsed sequence
   std::vector<std::string> names;     // per parsed sequence, for string-keyed formats; else empty
-  std::vector<uint32_t> lengths;      // per parsed sequence: samples for minibatch counting
-  std::vector<int32_t> slot_of;       // per index sequence of the chunk: parsed slot or -1
+  HugeVector<uint32_t> lengths;      // per parsed sequence: samples for minibatch counting
+  HugeVector<int32_t> slot_of;       // per index sequence of the chunk: parsed slot or -1
 
   uint64_t num_sequences() const { return keys.size(); }
   // Approximate heap bytes held, for cache accounting.

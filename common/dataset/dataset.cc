@@ -227,7 +227,7 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseJoinedChunk(uint64_t 
   // With compressed_in_place, a source whose matrices are all compressed (Kaldi CM, CM2,
   // CM3) is not decoded either: the chunk keeps where they lie, for the assembler.
   std::vector<bool> in_place(ns, false), compressed(ns, false);
-  std::vector<std::vector<const std::byte*>> where(ns);
+  std::vector<HugeVector<const std::byte*>> where(ns);
   std::vector<std::vector<CompressedDense>> matrices(ns);
   for (size_t s = 0; s < ns; ++s) {
     if (sources[s]->streams().size() != 1 || sources[s]->streams()[0].format != StreamFormat::kDense) continue;

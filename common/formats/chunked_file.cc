@@ -18,7 +18,7 @@ void AppendSequence(const ParsedStream& from, uint32_t slot, ParsedStream* to) {
   const uint64_t n = from.num_samples(slot);
   if (from.format == StreamFormat::kDense) {
     if (n > 0) {
-      std::vector<T>& v = to->values<T>();
+      HugeVector<T>& v = to->values<T>();
       const size_t at = v.size();
       v.resize(at + n * from.dim);
       from.DecodeDense<T>(slot, b, n, v.data() + at);
@@ -90,8 +90,8 @@ absl::Status ChunkedFileDeserializer::ListChunk(uint64_t c, ChunkSequences* out)
       out->samples.push_back(static_cast<uint32_t>(ps.num_samples(slot)));
     }
   }
-  out->slot_of = std::move(chunk->slot_of);  // the chunk is dropped right after
-  out->keys = std::move(chunk->keys);
+  out->slot_of.assign(chunk->slot_of.begin(), chunk->slot_of.end());
+  out->keys.assign(chunk->keys.begin(), chunk->keys.end());
   return absl::OkStatus();
 }
 

@@ -126,7 +126,7 @@ absl::Status Planner::Seek(const CursorState& state) {
   loaded_segment_ = UINT64_MAX;
   if (n > 0) {
     OpenSweep(state_.sweep, state_.segment);
-    const std::vector<Unit>& seg = order_->Segment(state_.segment);
+    const HugeVector<Unit>& seg = order_->Segment(state_.segment);
     if (state_.offset > seg.size()) return absl::InvalidArgumentError("cursor offset lies outside its segment");
     segment_ = &seg;
     loaded_segment_ = state_.segment;

@@ -147,7 +147,7 @@ class Planner {
   CursorState state_;
   std::unique_ptr<SweepOrder> order_;
   uint64_t order_sweep_ = UINT64_MAX;
-  const std::vector<Unit>* segment_ = nullptr;
+  const HugeVector<Unit>* segment_ = nullptr;
   // Balanced distribution: the samples each rank holds in the minibatch being planned, once
   // every rank has a unit (a min-heap of (samples, rank)).
   std::vector<std::pair<uint64_t, uint32_t>> rank_loads_;

@@ -27,7 +27,7 @@ struct KeyIndex {
   uint64_t index;
 };
 
-void RadixSortByKey(std::vector<KeyIndex>* items, std::vector<KeyIndex>* tmp) {
+void RadixSortByKey(HugeVector<KeyIndex>* items, HugeVector<KeyIndex>* tmp) {
   const size_t n = items->size();
   // Every byte's histogram in one pass.
   std::vector<std::array<uint64_t, 256>> counts(8);
@@ -54,9 +54,9 @@ void RadixSortByKey(std::vector<KeyIndex>* items, std::vector<KeyIndex>* tmp) {
 
 }  // namespace
 
-void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, std::vector<Unit>* out) {
+void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out) {
   const size_t n = keys.size();
-  std::vector<KeyIndex> items(n);
+  HugeVector<KeyIndex> items(n);
   for (size_t j = 0; j < n; ++j) items[j] = {keys[j], j};
   auto before = [&](const KeyIndex& x, const KeyIndex& y) {
     if (x.key != y.key) return x.key < y.key;
@@ -65,7 +65,7 @@ void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, 
   if (n <= 64) {
     std::sort(items.begin(), items.end(), before);
   } else {
-    std::vector<KeyIndex> tmp;
+    HugeVector<KeyIndex> tmp;
     RadixSortByKey(&items, &tmp);
     // Equal keys (a 32-bit hash collision, or keys of two chunks that meet): by (sequence, frame).
     for (size_t j = 0; j + 1 < n;) {
@@ -215,7 +215,7 @@ void SweepOrder::SortWide(Bucket* b) {
   for (size_t j : order) segment_.push_back(b->units[j]);
 }
 
-const std::vector<Unit>& SweepOrder::Segment(uint64_t i) {
+const HugeVector<Unit>& SweepOrder::Segment(uint64_t i) {
   if (!started_) {
     started_ = true;
     first_bucket_ = i;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/huge_pages.h"
 #include "common/index/index.h"
 
 namespace conveyor {
@@ -51,7 +52,7 @@ struct Unit {
 // parallel), appended to *out in (key, sequence, frame) order. A radix sort of the keys and
 // then, for the rare runs of equal keys, a sort by (sequence, frame): the same order as one
 // comparison sort. Declared for tests; SweepOrder calls it.
-void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, std::vector<Unit>* out);
+void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out);
 
 class SweepOrder {
  public:
@@ -69,7 +70,7 @@ class SweepOrder {
   // The units of segment `i` in delivery order. Segments must be asked for in increasing
   // order; the first call may start anywhere (a seek costs O(window)). The reference stays
   // valid until the next call.
-  const std::vector<Unit>& Segment(uint64_t i);
+  const HugeVector<Unit>& Segment(uint64_t i);
 
  private:
   // The units a segment will deliver, gathered as their chunks are distributed, with their
@@ -77,8 +78,8 @@ class SweepOrder {
   // (sample windows of more than 2^32 samples), no keys (`wide`): the segment is then sorted
   // on full keys computed again.
   struct Bucket {
-    std::vector<uint64_t> keys;
-    std::vector<Unit> units;
+    HugeVector<uint64_t> keys;
+    HugeVector<Unit> units;
     bool wide = false;
   };
   void Distribute(uint64_t pos);  // computes the keys of one chunk's units into buckets
@@ -98,7 +99,7 @@ class SweepOrder {
   uint64_t next_to_distribute_ = 0;
   bool started_ = false;
   uint64_t current_ = 0;
-  std::vector<Unit> segment_;
+  HugeVector<Unit> segment_;
 };
 
 }  // namespace conveyor

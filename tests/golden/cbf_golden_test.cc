@@ -365,7 +365,7 @@ TEST(Cbf, TheDecoderAcceptsExactlyWhatTheListingAccepts) {
             continue;
           }
           ++accepted;
-          ASSERT_EQ((*parsed)->slot_of, counts.slot_of) << "byte " << i << " ^ " << flip;
+          ASSERT_EQ(std::vector<int32_t>((*parsed)->slot_of.begin(), (*parsed)->slot_of.end()), counts.slot_of) << "byte " << i << " ^ " << flip;
           for (size_t k = 0, slot = 0; slot < (*parsed)->num_sequences(); ++slot) {
             for (const ParsedStream& ps : (*parsed)->streams) {
               ASSERT_EQ(ps.num_samples(slot), counts.samples[k++]) << "byte " << i << " ^ " << flip;
@@ -509,7 +509,7 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   EXPECT_EQ((*ds)->index().total_samples, 5u);
   auto c0 = (*ds)->ParseChunk(0);
   ASSERT_TRUE(c0.ok()) << c0.status();
-  EXPECT_EQ((*c0)->lengths, (std::vector<uint32_t>{3, 1}));
+  EXPECT_EQ((*c0)->lengths, (HugeVector<uint32_t>{3, 1}));
   const ParsedStream& x = (*c0)->streams[0];
   ASSERT_EQ(x.in_place.size(), 2u);  // dense values used where they lie in the file
   EXPECT_TRUE(x.values_f32.empty());
@@ -517,12 +517,12 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   std::memcpy(xs, x.DenseSamples(0, 0, 4), 8);
   std::memcpy(xs + 2, x.DenseSamples(1, 1, 4), 8);
   EXPECT_EQ(std::vector<float>(xs, xs + 4), (std::vector<float>{1, 2, 3, 4}));
-  EXPECT_EQ(x.sequence_begin, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(x.sequence_begin, (HugeVector<uint64_t>{0, 1, 2}));
   const ParsedStream& y = (*c0)->streams[1];
-  EXPECT_EQ(y.sequence_begin, (std::vector<uint64_t>{0, 3, 3}));
-  EXPECT_EQ(y.nnz_begin, (std::vector<uint64_t>{0, 1, 1, 2}));  // samples 0, 1 (empty), 2
-  EXPECT_EQ(y.indices, (std::vector<int32_t>{3, 1}));
-  EXPECT_EQ(y.values_f32, (std::vector<float>{0.5f, -1.f}));
+  EXPECT_EQ(y.sequence_begin, (HugeVector<uint64_t>{0, 3, 3}));
+  EXPECT_EQ(y.nnz_begin, (HugeVector<uint64_t>{0, 1, 1, 2}));  // samples 0, 1 (empty), 2
+  EXPECT_EQ(y.indices, (HugeVector<int32_t>{3, 1}));
+  EXPECT_EQ(y.values_f32, (HugeVector<float>{0.5f, -1.f}));
   EXPECT_TRUE(y.sparse_values_in_place.empty());  // entries of sample 2: sorted into columns
   // Chunk 1's entries are all in sample 0: used where they lie (row code = index).
   auto c1 = (*ds)->ParseChunk(1);
@@ -530,8 +530,8 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   const ParsedStream& y1 = (*c1)->streams[1];
   ASSERT_EQ(y1.sparse_values_in_place.size(), 1u);
   EXPECT_TRUE(y1.indices.empty() && y1.values_f32.empty());
-  EXPECT_EQ(y1.sequence_begin, (std::vector<uint64_t>{0, 1}));
-  EXPECT_EQ(y1.nnz_begin, (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(y1.sequence_begin, (HugeVector<uint64_t>{0, 1}));
+  EXPECT_EQ(y1.nnz_begin, (HugeVector<uint64_t>{0, 2}));
   EXPECT_EQ(y1.SparseIndex(0, 0), 4);
   EXPECT_EQ(y1.SparseIndex(0, 1), 0);
   EXPECT_EQ(y1.SparseValue<float>(0, 0), 3.f);

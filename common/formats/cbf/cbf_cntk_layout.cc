@@ -91,7 +91,7 @@ template <typename V>
 class Appender {
  public:
   // Appends to `v` (which keeps what it holds), room made for `expect` more at once.
-  Appender(std::vector<V>* v, uint64_t expect) : v_(v), used_(v->size()) { v_->resize(used_ + expect); }
+  Appender(HugeVector<V>* v, uint64_t expect) : v_(v), used_(v->size()) { v_->resize(used_ + expect); }
   // Cut to what was written; the spare room given back when it is large (growth doubles).
   ~Appender() {
     v_->resize(used_);
@@ -106,7 +106,7 @@ class Appender {
   V back() const { return (*v_)[used_ - 1]; }
 
  private:
-  std::vector<V>* const v_;
+  HugeVector<V>* const v_;
   uint64_t used_;
 };
 
@@ -145,7 +145,7 @@ bool FastWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id, co
       ps->sequence_begin.resize(uint64_t{n_seq} + 1);
       begin = ps->sequence_begin.data();
       begin[0] = 0;
-      std::vector<const std::byte*>& values = info.format == StreamFormat::kDense ? ps->in_place : ps->sparse_values_in_place;
+      HugeVector<const std::byte*>& values = info.format == StreamFormat::kDense ? ps->in_place : ps->sparse_values_in_place;
       values.resize(n_seq);
       where = values.data();
       if (info.format == StreamFormat::kSparse) {

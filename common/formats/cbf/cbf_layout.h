@@ -146,7 +146,7 @@ absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& f
 // --- Shared by both layouts' decoders (cbf_reader.cc).
 // Per sequence of `n_seq`, its slot among those delivered (-1: none), from the sample
 // `counts` per delivered stream (stream-major); see cbf_reader.cc.
-std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq);
+HugeVector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq);
 // The chunk's slots, keys and lengths from its sequences' sample `counts` per delivered
 // stream (stream-major); see cbf_reader.cc.
 void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t>& lengths, const Index& index,

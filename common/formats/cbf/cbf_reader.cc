@@ -108,7 +108,8 @@ absl::Status CountCbfChunk(std::string_view bytes, const CbfFile& file, const In
           ? cbf::CountDocumentedLayoutChunk(bytes, file, chunk_id, source, path, &counts)
           : cbf::CountCntkLayoutChunk(bytes, file, chunk_id, source, precision, path, &counts));
   const uint32_t n_seq = file.chunks[chunk_id].num_sequences;
-  out->slot_of = cbf::DeliveredSlots(counts, n_seq);
+  const HugeVector<int32_t> slots = cbf::DeliveredSlots(counts, n_seq);
+  out->slot_of.assign(slots.begin(), slots.end());
   out->samples.clear();
   for (uint32_t j = 0; j < n_seq; ++j) {
     if (out->slot_of[j] < 0) continue;
@@ -121,10 +122,10 @@ namespace cbf {
 
 // Sequences with no sample in any delivered stream are not delivered (docs/design.md
 // section 5) and keep no slot; the others are numbered in file order.
-std::vector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq) {
+HugeVector<int32_t> DeliveredSlots(const std::vector<uint32_t>& counts, uint32_t n_seq) {
   const size_t n_streams = n_seq ? counts.size() / n_seq : 0;
   // Per sequence, nonzero when any stream has a sample: OR over the streams' rows.
-  std::vector<int32_t> slot_of(n_seq, 0);
+  HugeVector<int32_t> slot_of(n_seq, 0);
   for (size_t i = 0; i < n_streams; ++i) {
     const uint32_t* row = counts.data() + i * n_seq;
     for (uint32_t j = 0; j < n_seq; ++j) slot_of[j] |= static_cast<int32_t>(row[j] != 0);
@@ -160,8 +161,8 @@ void FinishChunk(const std::vector<uint32_t>& counts, const std::vector<uint32_t
     // Rebuild the columns without the empty sequences (their ranges are empty: only the
     // sequence_begin entries go).
     for (auto& ps : out->streams) {
-      std::vector<uint64_t> begins{0};
-      std::vector<const std::byte*> in_place, sparse_values, sparse_indices;
+      HugeVector<uint64_t> begins{0};
+      HugeVector<const std::byte*> in_place, sparse_values, sparse_indices;
       for (uint32_t j = 0; j < n_seq; ++j) {
         if (out->slot_of[j] < 0) continue;
         begins.push_back(ps.sequence_begin[j + 1]);

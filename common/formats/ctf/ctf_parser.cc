@@ -293,7 +293,7 @@ class ChunkParser {
 
   bool Dense(const char** pp, const char* end, int stream, ParsedStream* st) {
     const char* p = *pp;
-    std::vector<T>& values = st->values<T>();
+    HugeVector<T>& values = st->values<T>();
     const uint32_t dim = st->dim;
     const size_t base = values.size();
     values.resize(base + dim);  // zero-filled: a short sample is zero-padded
@@ -333,7 +333,7 @@ class ChunkParser {
 
   bool Sparse(const char** pp, const char* end, int stream, ParsedStream* st) {
     const char* p = *pp;
-    std::vector<T>& values = st->values<T>();
+    HugeVector<T>& values = st->values<T>();
     const uint64_t dim = st->dim;
 #if CTF_SIMD_NUMBERS
     const char* const limit = ReadLimit(end);

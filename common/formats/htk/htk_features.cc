@@ -278,7 +278,7 @@ class HtkFeatureSource final : public Deserializer {
     const HtkHeader& h = f.header;
     const char* base = f.map->bytes().data();
     const uint32_t d = feat_dim_;
-    std::vector<T>& values = ps.values<T>();
+    HugeVector<T>& values = ps.values<T>();
     const bool windowed = left_ > 0 || right_ > 0;
     // Without a context window frames decode straight into the chunk; with one, once into
     // floats, and the windows are copied from those.

@@ -282,7 +282,7 @@ TEST(Randomizer, SortSegmentBreaksEqualKeysBySequenceThenFrame) {
       if (units[x].sequence != units[y].sequence) return units[x].sequence < units[y].sequence;
       return units[x].frame < units[y].frame;
     });
-    std::vector<Unit> got(1);  // appended after what is there
+    HugeVector<Unit> got(1);  // appended after what is there
     SortSegment(keys, units, &got);
     ASSERT_EQ(got.size(), n + 1);
     for (size_t i = 0; i < n; ++i) {

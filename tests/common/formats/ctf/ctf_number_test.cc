@@ -261,9 +261,10 @@ Parsed ParseRow(const std::string& row, Precision precision, StreamFormat format
     return r;
   }
   r.ok = true;
-  r.f32 = (*chunk)->streams[0].values_f32;
-  r.f64 = (*chunk)->streams[0].values_f64;
-  r.indices = (*chunk)->streams[0].indices;
+  const ParsedStream& ps = (*chunk)->streams[0];
+  r.f32.assign(ps.values_f32.begin(), ps.values_f32.end());
+  r.f64.assign(ps.values_f64.begin(), ps.values_f64.end());
+  r.indices.assign(ps.indices.begin(), ps.indices.end());
   return r;
 }
 
@@ -384,7 +385,7 @@ void CheckAcrossSequences(StreamFormat format, bool final_newline) {
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     const ParsedChunk& pc = **chunk;
     const ParsedStream& a = pc.streams[0];
-    const std::vector<T>& values = a.values<T>();
+    const HugeVector<T>& values = a.values<T>();
     for (uint64_t k = 0; k < index->chunks[c].num_sequences; ++k) {
       const uint64_t i = index->chunks[c].first_sequence + k;
       const int32_t slot = pc.slot_of[k];

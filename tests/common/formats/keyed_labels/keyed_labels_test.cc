@@ -36,8 +36,8 @@ TEST(KeyedLabels, RegisteredByOneLineAndJoinedWithACtfFileByKey) {
   // Sequences 3, 1, 7 in the CTF file's order; 7 has one frame of features and three labels.
   ASSERT_EQ((*chunk)->names, (std::vector<std::string>{"3", "1", "7"}));
   const ParsedStream& y = (*chunk)->streams[1];
-  EXPECT_EQ(y.indices, (std::vector<int32_t>{0, 4, 4, 2, 2, 1}));
-  EXPECT_EQ(y.sequence_begin, (std::vector<uint64_t>{0, 2, 3, 6}));
+  EXPECT_EQ(y.indices, (HugeVector<int32_t>{0, 4, 4, 2, 2, 1}));
+  EXPECT_EQ(y.sequence_begin, (HugeVector<uint64_t>{0, 2, 3, 6}));
 }
 
 TEST(KeyedLabels, ABadLineSpendsTheErrorBudget) {

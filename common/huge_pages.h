@@ -1,0 +1,106 @@
+// huge_pages.h: the memory of a loader's large arrays, in 2 MiB pages kept for reuse.
+//
+// A loader's big arrays (parsed chunks' values, indices and tables; a sweep's randomized
+// order) are written once into memory the process has not touched before whenever they
+// outgrow what it holds: every sweep of a randomized read whose window keeps all chunks
+// parsed at once, or the first epoch of any read. With 4 KiB pages each page is one fault;
+// on the virtual machines measured in bench/RESULTS.md ("Huge pages") a fault costs several
+// microseconds, and a 268 MB sparse CTF read spent more CPU in faults than in parsing.
+//
+// So arrays of kHugeBlockMinBytes or more come from blocks mapped on 2 MiB boundaries and
+// advised for transparent huge pages (madvise(MADV_HUGEPAGE): one fault per 2 MiB where the
+// kernel allows it), and a freed block is kept, its pages still backed, for the next array
+// of about its size (up to a cap), instead of going back to the allocator: glibc would hand
+// that memory out again partly discarded, where the kernel backs it with 4 KiB pages once
+// more. Whether huge pages are used is the kernel's choice (/sys/kernel/mm/
+// transparent_hugepage/enabled: `always` and `madvise` follow the advice, `never` ignores
+// it); blocks are reused either way. CONVEYOR_HUGE_PAGES=0 in the environment turns the
+// advice off (docs/operations.md says when to).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <vector>
+
+namespace conveyor {
+
+// Under AddressSanitizer every array comes from operator new, where ASan sees its bounds
+// (the fuzzers rely on it); blocks of our own would hide overruns inside them.
+#if defined(__SANITIZE_ADDRESS__)
+#define CONVEYOR_HUGE_BLOCKS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CONVEYOR_HUGE_BLOCKS 0
+#endif
+#endif
+#ifndef CONVEYOR_HUGE_BLOCKS
+#define CONVEYOR_HUGE_BLOCKS 1
+#endif
+
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+// Smallest array given a block of its own: below it, the rounding up to whole 2 MiB pages
+// would waste more than it saves.
+inline constexpr size_t kHugeBlockMinBytes = size_t{1} << 20;
+
+// A block of at least `bytes` (rounded up to whole 2 MiB pages), 2 MiB aligned: a kept one
+// of about that size, else a new mapping. Throws std::bad_alloc when the system has no
+// memory to map. Thread-safe.
+void* AllocateHugeBlock(size_t bytes);
+// Gives back a block from AllocateHugeBlock(`bytes` as asked for): kept for reuse while the
+// blocks kept stay under the cap, unmapped otherwise. Thread-safe.
+void FreeHugeBlock(void* block, size_t bytes);
+// Unmaps every block kept (the daemon calls it when a subscription ends, with malloc_trim).
+// Returns the bytes unmapped. Thread-safe.
+uint64_t ReleaseHugeBlocks();
+
+struct HugeBlockStats {
+  uint64_t mapped = 0;  // bytes of blocks mapped now, in use or kept
+  uint64_t kept = 0;    // of those, bytes kept for reuse
+  uint64_t maps = 0;    // blocks mapped so far (new memory)
+  uint64_t reuses = 0;  // blocks handed out again so far
+};
+HugeBlockStats GetHugeBlockStats();
+
+// Bytes of freed blocks kept at most: CONVEYOR_HUGE_BLOCK_CACHE_MB if set, else 1/8 of the
+// machine's memory, at most 4 GiB.
+uint64_t HugeBlockCacheLimit();
+
+// Whether blocks are advised for huge pages (CONVEYOR_HUGE_PAGES is not "0"; read once).
+bool HugePagesEnabled();
+
+// std::allocator for large arrays: kHugeBlockMinBytes or more from AllocateHugeBlock(),
+// less (and everything under AddressSanitizer) from operator new. Stateless: all instances are equal, so containers using it move
+// and swap freely.
+template <typename T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() noexcept = default;
+  template <typename U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}  // NOLINT(google-explicit-constructor)
+
+  T* allocate(size_t n) {
+    if (n > SIZE_MAX / 2 / sizeof(T)) throw std::bad_array_new_length();
+    const size_t bytes = n * sizeof(T);
+    if (!CONVEYOR_HUGE_BLOCKS || bytes < kHugeBlockMinBytes) return static_cast<T*>(::operator new(bytes));
+    return static_cast<T*>(AllocateHugeBlock(bytes));
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (!CONVEYOR_HUGE_BLOCKS || n * sizeof(T) < kHugeBlockMinBytes) {
+      ::operator delete(p);
+    } else {
+      FreeHugeBlock(p, n * sizeof(T));
+    }
+  }
+
+  template <typename U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept { return true; }
+  template <typename U>
+  bool operator!=(const HugePageAllocator<U>&) const noexcept { return false; }
+};
+
+// The array type of parsed chunks and other large per-sweep tables.
+template <typename T>
+using HugeVector = std::vector<T, HugePageAllocator<T>>;
+
+}  // namespace conveyor
