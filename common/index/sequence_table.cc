@@ -10,7 +10,7 @@ SequenceTable::SequenceTable(const SequenceTable& other) : owned_(other.begin(),
 
 SequenceTable& SequenceTable::operator=(const SequenceTable& other) {
   if (this != &other) {
-    std::vector<SequenceEntry> copy(other.begin(), other.end());
+    HugeVector<SequenceEntry> copy(other.begin(), other.end());
     owned_.swap(copy);
     keepalive_.reset();
     Sync();
@@ -51,7 +51,7 @@ SequenceTable SequenceTable::Borrowed(std::shared_ptr<const void> keepalive,
 }
 
 void SequenceTable::Detach() {
-  std::vector<SequenceEntry> copy(data_, data_ + size_);
+  HugeVector<SequenceEntry> copy(data_, data_ + size_);
   owned_.swap(copy);
   keepalive_.reset();
   Sync();
@@ -64,14 +64,14 @@ void SequenceTable::clear() {
 }
 
 SequenceTable::iterator SequenceTable::erase(iterator first, iterator last) {
-  std::vector<SequenceEntry>& v = Owned();
+  HugeVector<SequenceEntry>& v = Owned();
   const auto from = v.begin() + (first - v.data());
   const auto it = v.erase(from, from + (last - first));
   Sync();
   return v.data() + (it - v.begin());
 }
 
-void SequenceTable::swap(std::vector<SequenceEntry>& v) {
+void SequenceTable::swap(HugeVector<SequenceEntry>& v) {
   Owned().swap(v);
   Sync();
 }

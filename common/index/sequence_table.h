@@ -17,6 +17,8 @@
 #include <memory>
 #include <vector>
 
+#include "common/huge_pages.h"
+
 namespace conveyor {
 
 // One sequence. 32 bytes; trivially copyable (the cache file stores these records).
@@ -89,12 +91,12 @@ class SequenceTable {
   iterator erase(iterator first, iterator last);
   // Exchanges the records with `v`: the table becomes owned; `v` receives the old records
   // (copied out of the mapping when the table was borrowed).
-  void swap(std::vector<SequenceEntry>& v);
+  void swap(HugeVector<SequenceEntry>& v);
   void swap(SequenceTable& other) noexcept;
 
  private:
   // The owned vector, after copying a borrowed table's records into it.
-  std::vector<SequenceEntry>& Owned() {
+  HugeVector<SequenceEntry>& Owned() {
     if (borrowed()) Detach();
     return owned_;
   }
@@ -105,7 +107,7 @@ class SequenceTable {
     size_ = owned_.size();
   }
 
-  std::vector<SequenceEntry> owned_;       // the records when not borrowed
+  HugeVector<SequenceEntry> owned_;       // the records when not borrowed (2 MiB pages: a 10^8 index is 3.2 GB)
   std::shared_ptr<const void> keepalive_;  // non-null when borrowed
   const SequenceEntry* data_ = nullptr;    // owned_.data() or the borrowed records
   size_t size_ = 0;

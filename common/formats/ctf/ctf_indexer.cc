@@ -14,7 +14,7 @@ namespace {
 
 // What one thread learns about its byte range [begin, end) (both at line starts).
 struct RangeResult {
-  std::vector<SequenceEntry> sequences;  // lines relative to the range's first line
+  HugeVector<SequenceEntry> sequences;  // lines relative to the range's first line
   bool first_has_id = false;            // else the first sequence continues the previous range's
   bool second_may_continue = false;      // the 2nd sequence's id may equal the previous range's
   uint64_t first_id = 0;
@@ -303,7 +303,7 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
         repeated[by_key[i].second] = true;
         first_line_of[by_key[i].second] = index.sequences[by_key[head].second].line;
       }
-      std::vector<SequenceEntry> kept;
+      HugeVector<SequenceEntry> kept;
       kept.reserve(index.sequences.size());
       for (size_t i = 0; i < index.sequences.size(); ++i) {
         if (repeated[i]) {

@@ -460,7 +460,7 @@ CtfParser::CtfParser(CtfParserOptions options, Diagnostics* diagnostics, ErrorBu
 }
 
 absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseSequences(
-    std::string_view file, const std::vector<SequenceEntry>& sequences) const {
+    std::string_view file, const HugeVector<SequenceEntry>& sequences) const {
   auto chunk = NewChunk(options_);
   const SequenceEntry* b = sequences.data();
   const SequenceEntry* e = b + sequences.size();

@@ -50,7 +50,7 @@ class CtfParser {
 
   // Parses one sequence given by its entry (used by tests and fuzzers). Same errors.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseSequences(
-      std::string_view file, const std::vector<SequenceEntry>& sequences) const;
+      std::string_view file, const HugeVector<SequenceEntry>& sequences) const;
 
  private:
   const CtfParserOptions options_;

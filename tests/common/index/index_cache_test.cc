@@ -291,7 +291,7 @@ TEST(SequenceTable, BorrowedTableDetachesOnWrite) {
   ASSERT_TRUE(again.ok() && again->has_value());
   EXPECT_EQ((*again)->sequences[7].num_samples, index.sequences[7].num_samples);
 
-  std::vector<SequenceEntry> v = {{5, 0, 0, 1, 1}};
+  HugeVector<SequenceEntry> v = {{5, 0, 0, 1, 1}};
   moved.swap(v);
   EXPECT_EQ(moved.size(), 1u);
   EXPECT_EQ(v.size(), 101u);
