@@ -1,0 +1,164 @@
+// What one subscription's loader thread costs per sequence once chunks are parsed: planning
+// (planner, Loader::Begin, PlanBatch) and CPU assembly, with every chunk kept in memory
+// (keepDataInMemory) so that no epoch after the first parses, and assembly on the calling
+// thread alone (no helpers). An iteration is one epoch of minibatches of 4096 samples;
+// sequences_per_second is the rate the loader's thread would sustain if nothing else bound
+// it. Reference: BM_MemcpyBatchBytes copies the same number of batch bytes per epoch.
+//
+// Datasets (written to a temporary directory at start): 64 MB of sparse DSSM-like CTF (two
+// 50000-dim streams of ~15 entries, one sample a sequence), the same converted to CBF (values
+// used in place from the mapping), and 64 MB of dense CTF (100 floats + 1).
+// Run: build/bench/loader_bench [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/ctf_generator.h"
+#include "common/batch/assembler.h"
+#include "common/config/config_loader.h"
+#include "common/convert/cbf_writer.h"
+#include "common/dataset/dataset.h"
+#include "common/sampling/loader.h"
+
+namespace conveyor::bench {
+namespace {
+
+struct Files {
+  std::string dir, sparse_ctf, dense_ctf, sparse_cbf;
+};
+
+// One dataset of `file`: `body` is its YAML after the file (e.g. the CTF inputs).
+DatasetConfig Config(const std::string& type, const std::string& file, const std::string& body) {
+  const std::string yaml = "datasets:\n  d:\n    randomize: false\n    keepDataInMemory: true\n"
+                           "    deserializers:\n      - type: " + type + "\n        file: " + file + "\n" + body;
+  auto config = ParseConfig(yaml, "loader_bench.yaml", "");
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+    std::abort();
+  }
+  return config->datasets[0];
+}
+
+DatasetConfig CtfConfig(const std::string& file, bool sparse) {
+  return Config("CNTKTextFormat", file,
+                sparse ? "        input: {q: {dim: 50000, format: sparse}, d: {dim: 50000, format: sparse}}\n"
+                       : "        input: {x: {dim: 100, format: dense}, y: {dim: 1, format: dense}}\n");
+}
+
+DatasetConfig CbfConfig(const std::string& file) { return Config("CNTKBinary", file, ""); }
+
+const Files& TheFiles() {
+  static const Files f = [] {
+    Files out;
+    char tmpl[] = "/tmp/conveyor-loader-bench.XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) std::abort();
+    out.dir = tmpl;
+    out.sparse_ctf = out.dir + "/sparse.ctf";
+    out.dense_ctf = out.dir + "/dense.ctf";
+    out.sparse_cbf = out.dir + "/sparse.cbf";
+    std::ofstream(out.sparse_ctf) << SparseCtf(64u << 20);
+    std::ofstream(out.dense_ctf) << DenseCtf(64u << 20);
+    auto ds = Dataset::Open(CtfConfig(out.sparse_ctf, true));
+    if (!ds.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(ds.status().message()).c_str());
+      std::abort();
+    }
+    CbfWriteOptions wo;
+    wo.chunk_size = 8u << 20;
+    if (!WriteCbf(**ds, out.sparse_cbf, wo).ok()) std::abort();
+    std::atexit([] {
+      const Files& files = TheFiles();
+      for (const std::string& p : {files.sparse_ctf, files.dense_ctf, files.sparse_cbf}) std::remove(p.c_str());
+      rmdir(files.dir.c_str());
+    });
+    return out;
+  }();
+  return f;
+}
+
+// One epoch a iteration; arg 0: file order, 1: randomized (window of every chunk).
+void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
+  auto ds = Dataset::Open(config);
+  if (!ds.ok()) {
+    state.SkipWithError(std::string(ds.status().message()).c_str());
+    return;
+  }
+  CpuAssemblerOptions ao;
+  ao.min_parallel_bytes = UINT64_MAX;  // the calling thread alone
+  auto assembler = MakeCpuAssembler(ao);
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 4096;
+  lo.planner.epochs = UINT32_MAX;
+  lo.planner.randomizer.randomize = state.range(0) != 0;
+  lo.planner.randomizer.seed = 1;
+  lo.planner.randomizer.window = (*ds)->index().chunks.size();
+  lo.threads = 1;
+  auto loader = Loader::Create(ds->get(), assembler.get(), lo);
+  if (!loader.ok()) {
+    state.SkipWithError(std::string(loader.status().message()).c_str());
+    return;
+  }
+  Batch b;
+  auto epoch = [&](uint64_t* bytes) {
+    const uint64_t e = b.epoch;
+    do {
+      auto more = (*loader)->Next(&b);
+      if (!more.ok() || !*more) return false;
+      *bytes += b.bytes.size();
+    } while (!b.end_of_epoch && b.epoch == e);
+    return true;
+  };
+  uint64_t bytes = 0;
+  if (!epoch(&bytes)) {  // the first epoch parses
+    state.SkipWithError("the first epoch failed");
+    return;
+  }
+  bytes = 0;
+  for (auto _ : state) {
+    if (!epoch(&bytes)) {
+      state.SkipWithError("an epoch failed");
+      return;
+    }
+  }
+  const uint64_t sequences = (*ds)->index().sequences.size();
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["sequences_per_second"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * sequences), benchmark::Counter::kIsRate);
+}
+
+void BM_LoaderCtfSparse(benchmark::State& s) { LoaderEpochs(s, CtfConfig(TheFiles().sparse_ctf, true)); }
+void BM_LoaderCbfSparse(benchmark::State& s) { LoaderEpochs(s, CbfConfig(TheFiles().sparse_cbf)); }
+void BM_LoaderCtfDense(benchmark::State& s) { LoaderEpochs(s, CtfConfig(TheFiles().dense_ctf, false)); }
+
+// The reference: copying one epoch's batch bytes of the sparse CBF read (measured once)
+// between two buffers of 1.6 MB, the size of its batches.
+void BM_MemcpyBatchBytes(benchmark::State& state) {
+  const size_t batch = 1600000;
+  std::vector<char> a(batch, 1), c(batch);
+  uint64_t bytes = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < 100; ++i) {
+      std::memcpy(c.data(), a.data(), batch);
+      benchmark::DoNotOptimize(c.data());
+    }
+    bytes += 100 * batch;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+
+BENCHMARK(BM_LoaderCtfSparse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoaderCbfSparse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoaderCtfDense)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MemcpyBatchBytes)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace conveyor::bench
+
+BENCHMARK_MAIN();
