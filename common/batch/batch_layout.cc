@@ -100,48 +100,53 @@ absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Pre
 
 namespace {
 
-// Piece `p`'s place in the batch (*pp) and its samples of each stream (counts[0..streams)).
-// Errors: as PlanBatch's, for this piece.
-absl::Status PlacePiece(const std::vector<StreamConfig>& streams, const BatchShape& shape, const PieceRef& p,
-                        PlacedPiece* pp, uint32_t* counts) {
+// The error of piece `p` whose samples of each stream are counts[0..streams) (PlanBatch's
+// errors, for this piece), or OK. Only called when a cheap check found something wrong.
+absl::Status PieceError(const std::vector<StreamConfig>& streams, const BatchShape& shape, const PieceRef& p,
+                        const uint32_t* counts) {
   const bool bptt = shape.steps > 0;
-  const size_t ns = streams.size();
+  const uint64_t key = p.chunk->keys[p.slot];
   if (p.row >= shape.rows) return absl::InternalError("piece row outside the batch");
-  pp->key = p.chunk->keys[p.slot];
-  if (!p.chunk->names.empty()) pp->name = p.chunk->names[p.slot];
-  pp->frame = p.frame;
-  pp->row = p.row;
-  pp->t0 = p.t0;
-  pp->sample_begin = p.sample_begin;
-  pp->truncated = bptt;
   uint32_t longest = 0;
-  for (size_t s = 0; s < ns; ++s) {
-    uint64_t b;
-    counts[s] = PieceSamples(p, s, &b);
+  for (size_t s = 0; s < streams.size(); ++s) {
     longest = std::max(longest, counts[s]);
     if (shape.frame_mode && counts[s] > 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "frame mode: sequence ", pp->key, " has ", counts[s], " samples of input '", streams[s].name,
+          "frame mode: sequence ", key, " has ", counts[s], " samples of input '", streams[s].name,
           "' in one frame; expected one sample per frame"));
     }
     if (bptt && p.t0 + counts[s] > shape.steps) return absl::InternalError("BPTT piece beyond the truncation length");
   }
-  pp->longest = longest;
-  if (bptt) {
-    for (size_t s = 0; s < ns; ++s) {
-      if (counts[s] != longest) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "truncated BPTT: sequence ", pp->key, " has streams of different lengths; every input of a "
-            "sequence must have the same number of samples"));
-      }
+  for (size_t s = 0; bptt && s < streams.size(); ++s) {
+    if (counts[s] != longest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "truncated BPTT: sequence ", key, " has streams of different lengths; every input of a "
+          "sequence must have the same number of samples"));
     }
   }
   return absl::OkStatus();
 }
 
-// Every piece placed (plan->pieces, plan->counts) and the batch's samples counted.
+// Per stream, what MeasureStreams() finds over the pieces.
+struct StreamExtent {
+  uint64_t max_length = 0, num_samples = 0, nnz = 0;
+};
+
+// Whether `pieces` jump about their chunks (a randomized batch) rather than mostly follow one
+// another (file order: the next sequence of the same chunk): only then are their lines asked
+// for ahead, which in file order costs and gains nothing (the hardware prefetches a run).
+bool ScatteredPieces(absl::Span<const PieceRef> pieces) {
+  size_t jumps = 0;
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    jumps += pieces[i].chunk != pieces[i - 1].chunk || pieces[i].slot != pieces[i - 1].slot + 1;
+  }
+  return jumps * 16 > pieces.size();
+}
+
+// Every piece placed (plan->pieces, plan->counts), the batch's samples counted, and each
+// stream's extent (longest piece end, samples, entries) in the same pass.
 absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape,
-                         absl::Span<const PieceRef> pieces, BatchPlan* plan) {
+                         absl::Span<const PieceRef> pieces, BatchPlan* plan, std::vector<StreamExtent>* extents) {
   int main_stream = -1;
   for (size_t s = 0; s < streams.size(); ++s)
     if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
@@ -149,11 +154,15 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
   const size_t ns = streams.size();
   plan->num_streams = ns;
   plan->counts.resize(pieces.size() * ns);
+  extents->assign(ns, StreamExtent{});
+  const bool bptt = shape.steps > 0;
+  std::vector<uint8_t> sparse(ns);
+  for (size_t s = 0; s < ns; ++s) sparse[s] = streams[s].format == StreamFormat::kSparse;
   // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
   // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
-  // needs the first), the misses of many pieces overlap; MeasureStream and the assembler
-  // then find these lines in cache. The distance covers a miss (several hundred ns here).
-  constexpr size_t kAhead = 16;
+  // needs the first), the misses of many pieces overlap; the assembler then finds these lines
+  // in cache. The distance covers a miss (several hundred ns here). Not in file order.
+  const size_t ahead = ScatteredPieces(pieces) ? 16 : 0;
   // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
   auto prefetch_place = [&](size_t i) __attribute__((always_inline)) {
     const PieceRef& p = pieces[i];
@@ -164,18 +173,51 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     const PieceRef& p = pieces[i];
     for (size_t s = 0; s < ns; ++s) {
       const ParsedStream& ps = p.chunk->streams[s];
-      if (streams[s].format == StreamFormat::kSparse) __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
+      if (sparse[s]) __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
     }
   };
-  for (size_t i = 0; i < std::min(pieces.size(), 2 * kAhead); ++i) prefetch_place(i);
-  for (size_t i = 0; i < std::min(pieces.size(), kAhead); ++i) prefetch_entries(i);
+  for (size_t i = 0; i < std::min(pieces.size(), 2 * ahead); ++i) prefetch_place(i);
+  for (size_t i = 0; i < std::min(pieces.size(), ahead); ++i) prefetch_entries(i);
+  uint64_t num_samples = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    if (i + 2 * kAhead < pieces.size()) prefetch_place(i + 2 * kAhead);
-    if (i + kAhead < pieces.size()) prefetch_entries(i + kAhead);
+    if (ahead > 0) {
+      if (i + 2 * ahead < pieces.size()) prefetch_place(i + 2 * ahead);
+      if (i + ahead < pieces.size()) prefetch_entries(i + ahead);
+    }
+    const PieceRef& p = pieces[i];
+    PlacedPiece& pp = plan->pieces[i];
     uint32_t* counts = plan->counts.data() + i * ns;
-    if (absl::Status st = PlacePiece(streams, shape, pieces[i], &plan->pieces[i], counts); !st.ok()) return st;
-    plan->num_samples += main_stream >= 0 ? counts[main_stream] : plan->pieces[i].longest;
+    pp.key = p.chunk->keys[p.slot];
+    if (!p.chunk->names.empty()) pp.name = p.chunk->names[p.slot];
+    pp.frame = p.frame;
+    pp.row = p.row;
+    pp.t0 = p.t0;
+    pp.sample_begin = p.sample_begin;
+    pp.truncated = bptt;
+    uint32_t longest = 0, shortest = UINT32_MAX;
+    for (size_t s = 0; s < ns; ++s) {
+      uint64_t b;
+      const uint32_t c = PieceSamples(p, s, &b);
+      counts[s] = c;
+      longest = std::max(longest, c);
+      shortest = std::min(shortest, c);
+      StreamExtent& x = (*extents)[s];
+      x.max_length = std::max<uint64_t>(x.max_length, p.t0 + c);
+      x.num_samples += c;
+      if (sparse[s] && c > 0) {
+        const HugeVector<uint64_t>& nnz = p.chunk->streams[s].nnz_begin;
+        x.nnz += nnz[b + c] - nnz[b];
+      }
+    }
+    pp.longest = longest;
+    // PlanBatch's errors, checked cheaply here and described by PieceError().
+    if (p.row >= shape.rows || (shape.frame_mode && longest > 1) ||
+        (bptt && (p.t0 + longest > shape.steps || shortest != longest))) {
+      return PieceError(streams, shape, p, counts);
+    }
+    num_samples += main_stream >= 0 ? counts[main_stream] : longest;
   }
+  plan->num_samples += num_samples;
   return absl::OkStatus();
 }
 
@@ -197,23 +239,6 @@ absl::StatusOr<DType> DescribeStream(const StreamConfig& sc, Precision precision
     return *value_dtype;
   }
   return native;
-}
-
-// Stream `s`'s extent over the pieces: its longest piece (T), its samples and its nnz.
-void MeasureStream(const BatchPlan& plan, absl::Span<const PieceRef> pieces, size_t s, StreamLayout* L) {
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const uint32_t c = plan.count(i, s);
-    L->max_length = std::max<uint64_t>(L->max_length, pieces[i].t0 + c);
-    L->num_samples += c;
-    if (L->format == StreamFormat::kSparse && c > 0) {
-      uint64_t b;
-      PieceSamples(pieces[i], s, &b);
-      const ParsedStream& ps = pieces[i].chunk->streams[s];
-      L->nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
-    }
-  }
-  if (plan.shape.frame_mode) L->max_length = 1;
-  if (plan.shape.steps > 0) L->max_length = plan.shape.steps;
 }
 
 // Stream L's arrays for `n` rows, placed from *cursor on. Errors: ResourceExhausted when
@@ -268,7 +293,8 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
   plan.precision = precision;
   plan.shape = shape;
   plan.num_sequences = pieces.size();
-  if (absl::Status st = PlacePieces(streams, shape, pieces, &plan); !st.ok()) return st;
+  std::vector<StreamExtent> extents;
+  if (absl::Status st = PlacePieces(streams, shape, pieces, &plan, &extents); !st.ok()) return st;
   const uint64_t n = shape.rows;
   uint64_t cursor = 0;
   if (shape.steps > 0) {
@@ -281,7 +307,9 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
         DescribeStream(streams[s], precision, shape, layouts.empty() ? nullptr : &layouts[s],
                        value_dtypes.empty() ? nullptr : &value_dtypes[s], &L);
     if (!value_type.ok()) return value_type.status();
-    MeasureStream(plan, pieces, s, &L);
+    L.max_length = shape.steps > 0 ? shape.steps : shape.frame_mode ? 1 : extents[s].max_length;
+    L.num_samples = extents[s].num_samples;
+    L.nnz = extents[s].nnz;
     if (absl::Status st = PlaceStreamArrays(n, *value_type, &L, &cursor); !st.ok()) return st;
     plan.streams.push_back(std::move(L));
   }

@@ -19,15 +19,42 @@
 namespace conveyor {
 namespace {
 
-// Pieces ordered by (row, t0): the order of CSC columns.
-std::vector<uint32_t> ColumnOrder(absl::Span<const PieceRef> pieces) {
-  std::vector<uint32_t> order(pieces.size());
-  std::iota(order.begin(), order.end(), 0u);
+// Pieces ordered by (row, t0): the order of CSC columns (*order); and whether they jump about
+// their chunks in that order (the return value): a randomized batch, whose gathers miss the
+// cache unless asked for ahead. Pieces that mostly follow each other (the next sequence of
+// the same chunk: file order) are read in order, which the hardware prefetches already;
+// asking for them again only costs (in file order the prefetching was half of the dense copy
+// loop's time). Mostly: a batch of file order that crosses a chunk boundary jumps once.
+// Without `order` (no CSC or CSR stream), only whether the pieces are scattered as they come.
+bool ColumnOrder(absl::Span<const PieceRef> pieces, std::vector<uint32_t>* order) {
   auto before = [&](uint32_t a, uint32_t b) {
     return pieces[a].row != pieces[b].row ? pieces[a].row < pieces[b].row : pieces[a].t0 < pieces[b].t0;
   };
-  if (!std::is_sorted(order.begin(), order.end(), before)) std::stable_sort(order.begin(), order.end(), before);
-  return order;
+  bool sorted = true;
+  size_t jumps = 0;
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    const PieceRef& a = pieces[i - 1];
+    const PieceRef& b = pieces[i];
+    sorted = sorted && !(b.row != a.row ? b.row < a.row : b.t0 < a.t0);
+    jumps += a.chunk != b.chunk || b.slot != a.slot + 1;
+  }
+  if (sorted || order == nullptr) {
+    if (order != nullptr) {
+      order->resize(pieces.size());
+      std::iota(order->begin(), order->end(), 0u);
+    }
+    return jumps * 16 > pieces.size();
+  }
+  order->resize(pieces.size());
+  std::iota(order->begin(), order->end(), 0u);
+  std::stable_sort(order->begin(), order->end(), before);
+  jumps = 0;
+  for (size_t o = 1; o < order->size(); ++o) {
+    const PieceRef& a = pieces[(*order)[o - 1]];
+    const PieceRef& b = pieces[(*order)[o]];
+    jumps += a.chunk != b.chunk || b.slot != a.slot + 1;
+  }
+  return jumps * 16 > pieces.size();
 }
 
 // Randomized pieces lie anywhere in their chunks: a gather asks for the data of the piece
@@ -51,23 +78,77 @@ struct CscStart {
   uint64_t col = 0, nnz = 0;
 };
 
+// One stream of one parsed chunk, its arrays' addresses read once: consecutive pieces mostly
+// come from the same chunk, and the copies between pieces would otherwise make the compiler
+// load every address again (a memcpy may write anywhere).
+struct StreamView {
+  const ParsedChunk* chunk = nullptr;
+  const uint64_t* sequence_begin = nullptr;
+  const uint64_t* nnz_begin = nullptr;
+  const std::byte* indices = nullptr;  // chunk-wide entries, when not in place
+  const std::byte* values = nullptr;
+  const std::byte* const* indices_in_place = nullptr;  // per slot, when in place (CBF)
+  const std::byte* const* values_in_place = nullptr;
+  const std::byte* const* dense_in_place = nullptr;  // dense: per slot, when in place
+  bool compressed = false;                           // dense: left compressed (Kaldi CM)
+
+  template <typename T>
+  void Load(const ParsedChunk* c, size_t s) {
+    chunk = c;
+    const ParsedStream& ps = c->streams[s];
+    sequence_begin = ps.sequence_begin.data();
+    nnz_begin = ps.nnz_begin.data();
+    indices = reinterpret_cast<const std::byte*>(ps.indices.data());
+    values = reinterpret_cast<const std::byte*>(ps.values<T>().data());
+    indices_in_place = ps.sparse_indices_in_place.empty() ? nullptr : ps.sparse_indices_in_place.data();
+    values_in_place = ps.sparse_values_in_place.empty() ? nullptr : ps.sparse_values_in_place.data();
+    dense_in_place = ps.in_place.empty() ? nullptr : ps.in_place.data();
+    compressed = !ps.compressed.empty();
+  }
+  // As ParsedStream::DenseSamples(): a dense stream's sample `b` of slot `slot` onwards.
+  template <typename T>
+  const std::byte* DenseBytes(uint32_t slot, uint64_t b, uint64_t dim) const {
+    return dense_in_place == nullptr ? values + b * dim * sizeof(T)
+                                     : dense_in_place[slot] + (b - sequence_begin[slot]) * dim * sizeof(T);
+  }
+  // As PieceSamples(): the samples of `p` are [*begin, *begin + return value).
+  uint32_t Samples(const PieceRef& p, uint64_t* begin) const {
+    const uint64_t first = sequence_begin[p.slot];
+    const uint64_t len = sequence_begin[p.slot + 1] - first;
+    if (p.sample_begin == 0 && p.sample_count == PieceRef::kAll) {
+      *begin = first;
+      return static_cast<uint32_t>(len);
+    }
+    const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
+    const uint64_t e =
+        p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
+    *begin = first + b;
+    return static_cast<uint32_t>(e - b);
+  }
+  // As ParsedStream::SparseIndexBytes()/SparseValueBytes(): entry `k` of slot `slot` onwards.
+  const std::byte* IndexBytes(uint32_t slot, uint64_t k) const {
+    return indices_in_place == nullptr ? indices + k * 4
+                                       : indices_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * 4;
+  }
+  template <typename T>
+  const std::byte* ValueBytes(uint32_t slot, uint64_t k) const {
+    return values_in_place == nullptr ? values + k * sizeof(T)
+                                      : values_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * sizeof(T);
+  }
+};
+
 // Sparse CSC of stream `s`, the pieces order[begin, end) of it, starting at `at`: their
 // columns (one per (row, step)) and the empty columns before each (steps no piece covers);
 // the range that ends the order also writes the empty columns after it and the closing
-// entry. colptr is int64 when `wide`, else int32.
-template <typename T>
-void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces, const std::vector<uint32_t>& order,
-              size_t begin, size_t end, CscStart at, bool wide, void* colptr_out, int32_t* rowind, T* values) {
+// entry. Ptr is colptr's type (int64 when nnz needs it, else int32).
+template <typename T, typename Ptr>
+void BuildCscAs(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces, const std::vector<uint32_t>& order,
+                size_t begin, size_t end, CscStart at, bool scattered, Ptr* colptr, int32_t* rowind, T* values) {
   const StreamLayout& L = plan.streams[s];
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
-  auto* colptr32 = static_cast<int32_t*>(colptr_out);
-  auto* colptr64 = static_cast<int64_t*>(colptr_out);
   uint64_t col = at.col, nnz = at.nnz;
   auto fill_to = [&](uint64_t end_col) {  // empty columns up to end_col
-    for (; col < end_col; ++col) {
-      if (wide) colptr64[col] = static_cast<int64_t>(nnz);
-      else colptr32[col] = static_cast<int32_t>(nnz);
-    }
+    for (; col < end_col; ++col) colptr[col] = static_cast<Ptr>(nnz);
   };
   // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
   auto prefetch = [&](const PieceRef& p) __attribute__((always_inline)) {
@@ -79,27 +160,37 @@ void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces
     PrefetchBytes(ps.SparseIndexBytes(p.slot, nb), (ne - nb) * sizeof(int32_t));
     PrefetchBytes(ps.SparseValueBytes(p.slot, nb, sizeof(T)), (ne - nb) * sizeof(T));
   };
-  for (size_t o = begin; o < std::min(end, begin + kAhead); ++o) prefetch(pieces[order[o]]);
+  const size_t ahead = scattered ? kAhead : 0;
+  for (size_t o = begin; o < std::min(end, begin + ahead); ++o) prefetch(pieces[order[o]]);
+  StreamView v;
   for (size_t o = begin; o < end; ++o) {
-    if (o + kAhead < end) prefetch(pieces[order[o + kAhead]]);
+    if (scattered && o + ahead < end) prefetch(pieces[order[o + ahead]]);
     const PieceRef& p = pieces[order[o]];
-    const ParsedStream& ps = p.chunk->streams[s];
+    if (p.chunk != v.chunk) v.Load<T>(p.chunk, s);
     uint64_t b;
-    const uint32_t c = PieceSamples(p, s, &b);
+    const uint32_t c = v.Samples(p, &b);
     fill_to(p.row * T_len + p.t0);
-    for (uint32_t t = 0; t < c; ++t) {
-      if (wide) colptr64[col] = static_cast<int64_t>(nnz + ps.nnz_begin[b + t] - ps.nnz_begin[b]);
-      else colptr32[col] = static_cast<int32_t>(nnz + ps.nnz_begin[b + t] - ps.nnz_begin[b]);
-      ++col;
-    }
-    const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
+    const uint64_t nb = v.nnz_begin[b];
+    for (uint32_t t = 0; t < c; ++t) colptr[col++] = static_cast<Ptr>(nnz + v.nnz_begin[b + t] - nb);
+    const uint64_t ne = v.nnz_begin[b + c];
     if (ne == nb) continue;  // (an empty vector's data() may be null: no memcpy from it)
     // From the chunk's columns, or from the mapped file where the entries lie (CBF).
-    std::memcpy(rowind + nnz, ps.SparseIndexBytes(p.slot, nb), (ne - nb) * sizeof(int32_t));
-    std::memcpy(values + nnz, ps.SparseValueBytes(p.slot, nb, sizeof(T)), (ne - nb) * sizeof(T));
+    std::memcpy(rowind + nnz, v.IndexBytes(p.slot, nb), (ne - nb) * sizeof(int32_t));
+    std::memcpy(values + nnz, v.ValueBytes<T>(p.slot, nb), (ne - nb) * sizeof(T));
     nnz += ne - nb;
   }
   if (end == order.size()) fill_to(plan.shape.rows * T_len + 1);
+}
+
+template <typename T>
+void BuildCsc(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces, const std::vector<uint32_t>& order,
+              size_t begin, size_t end, CscStart at, bool wide, bool scattered, void* colptr_out, int32_t* rowind,
+              T* values) {
+  if (wide) {
+    BuildCscAs<T>(plan, s, pieces, order, begin, end, at, scattered, static_cast<int64_t*>(colptr_out), rowind, values);
+  } else {
+    BuildCscAs<T>(plan, s, pieces, order, begin, end, at, scattered, static_cast<int32_t*>(colptr_out), rowind, values);
+  }
 }
 
 // The start of every range of a CSC stream whose pieces (in column order) are cut at
@@ -110,6 +201,7 @@ std::vector<CscStart> CscStarts(const BatchPlan& plan, size_t s, absl::Span<cons
   const StreamLayout& L = plan.streams[s];
   const uint64_t T_len = L.sequence_axis ? L.max_length : 1;
   std::vector<CscStart> starts(cuts.size() - 1);
+  if (starts.size() == 1) return starts;  // one range starts at column 0, entry 0
   CscStart at;
   size_t r = 0;
   for (size_t o = 0; o < order.size(); ++o) {
@@ -134,20 +226,29 @@ template <typename T>
 class StreamAssembly {
  public:
   StreamAssembly(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> pieces,
-                 const std::vector<uint32_t>& order, std::byte* dst)
-      : plan_(plan), s_(s), pieces_(pieces), order_(order), dst_(dst), L_(plan.streams[s]),
+                 const std::vector<uint32_t>& order, bool scattered, std::byte* dst)
+      : plan_(plan), s_(s), pieces_(pieces), order_(order), scattered_(scattered), dst_(dst), L_(plan.streams[s]),
         T_len_(L_.sequence_axis ? L_.max_length : 1) {}
 
   // Writes the lengths; appends to `zero` the arrays to clear before any range runs; cuts
   // the pieces into ranges of about `range_bytes` of output each (at most `max_ranges`).
   void Prepare(uint64_t range_bytes, size_t max_ranges, std::vector<absl::Span<std::byte>>* zero) {
     const uint64_t rows = plan_.shape.rows;
-    if (L_.lengths.present()) {
-      auto* lengths = reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset);
-      std::memset(lengths, 0, rows * sizeof(int32_t));
+    // Each row's length, and what the pieces cover (dense streams): one pass.
+    auto* lengths = L_.lengths.present() ? reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset) : nullptr;
+    if (lengths != nullptr) std::memset(lengths, 0, rows * sizeof(int32_t));
+    const bool dense_format = L_.format == StreamFormat::kDense && L_.dense_values();
+    uint64_t covered = 0;
+    bool from_step_0 = true;
+    if (lengths != nullptr || dense_format) {
+      const uint32_t* counts = plan_.counts.data() + s_;
+      const size_t stride = plan_.num_streams;
       for (size_t i = 0; i < pieces_.size(); ++i) {
-        const int32_t end = static_cast<int32_t>(pieces_[i].t0 + plan_.count(i, s_));
-        lengths[pieces_[i].row] = std::max(lengths[pieces_[i].row], end);
+        const uint32_t c = counts[i * stride];
+        const PieceRef& p = pieces_[i];
+        if (lengths != nullptr) lengths[p.row] = std::max(lengths[p.row], static_cast<int32_t>(p.t0 + c));
+        covered += c;
+        from_step_0 = from_step_0 && p.t0 == 0;
       }
     }
     uint64_t out_bytes = L_.values.bytes;
@@ -158,14 +259,8 @@ class StreamAssembly {
       // When each row holds one piece from step 0 (sequence mode without BPTT), only each
       // row's tail past its piece is padding (zeroed by its piece's range). Otherwise the
       // whole array is zeroed first.
-      uint64_t covered = 0;
-      bool one_piece_a_row = L_.format == StreamFormat::kDense && pieces_.size() == rows && plan_.shape.steps == 0;
-      if (L_.format == StreamFormat::kDense) {
-        for (size_t i = 0; i < pieces_.size(); ++i) {
-          covered += plan_.count(i, s_);
-          one_piece_a_row = one_piece_a_row && pieces_[i].t0 == 0;
-        }
-      }
+      if (!dense_format) covered = 0;  // a sparse stream as dense: its samples are scattered
+      const bool one_piece_a_row = dense_format && pieces_.size() == rows && plan_.shape.steps == 0 && from_step_0;
       zero_tails_ = covered != rows * T_len_ && one_piece_a_row;
       if (covered != rows * T_len_ && !one_piece_a_row) {
         zero->push_back(absl::MakeSpan(dst_ + L_.values.offset, L_.values.bytes));
@@ -200,7 +295,7 @@ class StreamAssembly {
       Dense(begin, end);
     } else if (L_.csc()) {
       BuildCsc<T>(plan_, s_, pieces_, order_, begin, end, csc_starts_[r], L_.colptr.dtype == DType::kInt64,
-                  dst_ + L_.colptr.offset, reinterpret_cast<int32_t*>(dst_ + L_.rowind.offset),
+                  scattered_, dst_ + L_.colptr.offset, reinterpret_cast<int32_t*>(dst_ + L_.rowind.offset),
                   reinterpret_cast<T*>(dst_ + L_.values.offset));
     } else {
       Csr();
@@ -216,8 +311,9 @@ class StreamAssembly {
     const std::byte* run_src = nullptr;
     std::byte* run_dst = nullptr;
     size_t run_bytes = 0;
-    // The source rows of dense pieces copied as they lie (not decoded, not scattered).
-    const bool copies = L_.format == StreamFormat::kDense;
+    // The source rows of dense pieces copied as they lie (not decoded), asked for ahead when
+    // the batch's pieces are scattered (Scattered()).
+    const bool prefetching = L_.format == StreamFormat::kDense && scattered_;
     auto prefetch = [&](size_t i) __attribute__((always_inline)) {  // (as in BuildCsc)
       const PieceRef& p = pieces_[i];
       const ParsedStream& ps = p.chunk->streams[s_];
@@ -226,24 +322,26 @@ class StreamAssembly {
       const uint32_t c = PieceSamples(p, s_, &b);
       if (c > 0) PrefetchBytes(ps.DenseSamples(p.slot, b, sizeof(T)), c * row_values * sizeof(T));
     };
-    if (copies) {
+    if (prefetching) {
       for (size_t i = begin; i < std::min(end, begin + kAhead); ++i) prefetch(i);
     }
+    StreamView view;
     for (size_t i = begin; i < end; ++i) {
-      if (copies && i + kAhead < end) prefetch(i + kAhead);
+      if (prefetching && i + kAhead < end) prefetch(i + kAhead);
       const PieceRef& p = pieces_[i];
+      if (p.chunk != view.chunk) view.Load<T>(p.chunk, s_);
       const ParsedStream& ps = p.chunk->streams[s_];
       uint64_t b;
-      const uint32_t c = PieceSamples(p, s_, &b);
+      const uint32_t c = view.Samples(p, &b);
       T* at = out + (p.row * T_len_ + p.t0) * row_values;
       if (zero_tails_ && c < T_len_) std::memset(at + c * row_values, 0, (T_len_ - c) * row_values * sizeof(T));
       if (c == 0) continue;
-      if (L_.format == StreamFormat::kDense && !ps.compressed.empty()) {
+      if (L_.format == StreamFormat::kDense && view.compressed) {
         ps.DecodeDense<T>(p.slot, b, c, at);  // Kaldi CM, CM2, CM3 left compressed
         continue;
       }
       if (L_.format == StreamFormat::kDense) {
-        const std::byte* src = ps.DenseSamples(p.slot, b, sizeof(T));
+        const std::byte* src = view.DenseBytes<T>(p.slot, b, row_values);
         const size_t n = c * row_values * sizeof(T);
         if (run_bytes > 0 && src == run_src + run_bytes && reinterpret_cast<std::byte*>(at) == run_dst + run_bytes) {
           run_bytes += n;
@@ -279,8 +377,8 @@ class StreamAssembly {
     std::vector<int64_t> colptr(cols + 1);
     std::vector<int32_t> rowind(L_.nnz);
     std::vector<T> csc_values(L_.nnz);
-    BuildCsc<T>(plan_, s_, pieces_, order_, 0, order_.size(), CscStart{}, true, colptr.data(), rowind.data(),
-                csc_values.data());
+    BuildCsc<T>(plan_, s_, pieces_, order_, 0, order_.size(), CscStart{}, true, scattered_, colptr.data(),
+                rowind.data(), csc_values.data());
     std::vector<uint64_t> next(uint64_t{L_.dim} + 1, 0);
     for (int32_t r : rowind) ++next[static_cast<uint64_t>(r) + 1];
     for (uint64_t r = 0; r < L_.dim; ++r) next[r + 1] += next[r];
@@ -304,6 +402,7 @@ class StreamAssembly {
   const size_t s_;
   const absl::Span<const PieceRef> pieces_;
   const std::vector<uint32_t>& order_;
+  const bool scattered_;  // Scattered(): gathers are prefetched
   std::byte* const dst_;
   const StreamLayout& L_;
   const uint64_t T_len_;
@@ -399,16 +498,18 @@ class BatchWork {
         if (c > 0 && pieces[i].ends) flags[at + c - 1] |= 2;
       }
     }
-    bool sparse_out = false;  // CSC/CSR streams need the pieces in column order
+    // CSC/CSR streams need the pieces in column order (identity unless BPTT); ColumnOrder()
+    // also says whether the batch's gathers are scattered.
+    bool sparse_out = false;
     for (const StreamLayout& L : plan.streams) sparse_out |= !L.ids() && !L.dense_values();
-    if (sparse_out) order_ = ColumnOrder(pieces);
+    const bool scattered = ColumnOrder(pieces, sparse_out ? &order_ : nullptr);
     // Alone: one range a stream. With helpers: ranges of about range_bytes, a few per worker.
     if (workers <= 1) range_bytes = UINT64_MAX;
     const size_t max_ranges = workers > 1 ? static_cast<size_t>(4 * workers) : 1;
     streams_.reserve(plan.streams.size());
     std::vector<absl::Span<std::byte>> zero;
     for (size_t s = 0; s < plan.streams.size(); ++s) {
-      streams_.emplace_back(plan, s, pieces, order_, dst);
+      streams_.emplace_back(plan, s, pieces, order_, scattered, dst);
       streams_.back().Prepare(range_bytes, max_ranges, &zero);
       for (size_t r = 0; r < streams_.back().ranges(); ++r) tasks_.emplace_back(s, r);
     }

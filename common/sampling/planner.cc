@@ -184,19 +184,6 @@ void Planner::Advance() {
   ++state_.offset;
 }
 
-Piece Planner::MakePiece(const Unit& u) const {
-  Piece p;
-  p.sequence = u.sequence;
-  p.chunk = u.chunk;
-  p.index_in_chunk = static_cast<uint32_t>(u.sequence - index_->chunks[u.chunk].first_sequence);
-  p.frame = u.frame;
-  if (u.frame != Unit::kWholeSequence) {
-    p.sample_begin = u.frame;
-    p.sample_count = 1;
-  }
-  return p;
-}
-
 std::optional<PlannedBatch> Planner::Next() {
   if (index_->total_samples == 0 || epoch_size_ == 0) return std::nullopt;
   while (state_.epoch < options_.epochs) {
@@ -237,20 +224,60 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   const bool full = options_.full_minibatches;
   uint64_t units = 0;  // of the global minibatch so far
   rank_loads_.clear();
+  // Every rank takes every unit (one rank, or balanced among one), or the chunks rule: whether
+  // a unit is this rank's needs no state then.
+  const uint32_t w = options_.world, rank = options_.rank;
+  const bool by_position = options_.distribution == Distribution::kChunks || w == 1;
+  uint32_t chunk = UINT32_MAX;  // the chunk of the last piece made, and its first sequence
+  uint64_t first_sequence = 0;
   while (true) {
     const Unit* u = Peek();
     if (u == nullptr) break;
-    if (!full && (state_.sweep != sweep || Position() >= epoch_end)) break;
-    if (full && b.global_samples == 0 && Position() >= epoch_end) break;
-    if (b.global_samples > 0 && b.global_samples + u->samples > options_.minibatch_size) break;
-    const uint64_t unit = units++;
-    b.global_samples += u->samples;
-    if (TakesUnit(*u, unit)) {
-      Piece p = MakePiece(*u);
-      p.row = b.rows++;
-      b.pieces.push_back(p);
+    if (!full && state_.sweep != sweep) break;
+    // The units left in this segment, taken without going back to Peek(): the sweep does not
+    // change within a segment, and the checks below are Peek()'s loop's, unit by unit.
+    const Unit* const seg = segment_->data();
+    const size_t seg_size = segment_->size();
+    size_t offset = state_.offset;
+    uint64_t position = Position();
+    uint64_t in_sweep = state_.sample_in_sweep, samples = b.global_samples;
+    uint32_t rows = b.rows;
+    bool cut = false;
+    for (; offset < seg_size; ++offset) {
+      const Unit& v = seg[offset];
+      if ((position >= epoch_end && (!full || samples == 0)) ||
+          (samples > 0 && samples + v.samples > options_.minibatch_size)) {
+        cut = true;
+        break;
+      }
+      const uint64_t unit = units++;
+      samples += v.samples;
+      const bool mine = by_position ? (w == 1 || v.position % w == rank) : TakesUnit(v, unit);
+      if (mine) {
+        if (v.chunk != chunk) {
+          chunk = v.chunk;
+          first_sequence = index_->chunks[chunk].first_sequence;
+        }
+        Piece p;
+        p.sequence = v.sequence;
+        p.chunk = v.chunk;
+        p.index_in_chunk = static_cast<uint32_t>(v.sequence - first_sequence);
+        p.frame = v.frame;
+        if (v.frame != Unit::kWholeSequence) {
+          p.sample_begin = v.frame;
+          p.sample_count = 1;
+        }
+        p.row = rows++;
+        b.pieces.push_back(p);
+      }
+      position += v.samples;
+      in_sweep += v.samples;
     }
-    Advance();
+    state_.sample_in_sweep = in_sweep;
+    b.global_samples = samples;
+    b.rows = rows;
+    state_.offset = offset;
+    if (cut) break;
   }
   // Look at what comes next: it decides the ends of sweep and epoch.
   const Unit* next = Peek();

@@ -132,7 +132,6 @@ class Planner {
   uint64_t Position() const { return state_.sweep * index_->total_samples + state_.sample_in_sweep; }
   void OpenSweep(uint64_t sweep, uint64_t segment);
   void NoteExhausted(uint64_t up_to_segment, std::vector<uint32_t>* out);
-  Piece MakePiece(const Unit& u) const;
   // Whether this rank takes `u`, the `unit`-th unit of the minibatch being planned.
   bool TakesUnit(const Unit& u, uint64_t unit);
   std::optional<PlannedBatch> NextFrameOrSequence();

@@ -231,20 +231,27 @@ const HugeVector<Unit>& SweepOrder::Segment(uint64_t i) {
   if (spread_ == 0) {  // file order: segment i is the units of chunk i, in order; no keys
     const uint32_t chunk = order_[i];
     const ChunkEntry& c = index_->chunks[chunk];
-    segment_.reserve(options_.frame_mode ? c.num_samples : c.num_sequences);
-    for (uint64_t s = c.first_sequence; s < c.first_sequence + c.num_sequences; ++s) {
-      const uint32_t samples = index_->sequences[s].num_samples;
+    const SequenceEntry* entries = index_->sequences.data() + c.first_sequence;
+    if (!options_.frame_mode) {  // one unit a sequence, written in place
+      segment_.resize(c.num_sequences);
+      Unit* out = segment_.data();
+      for (uint64_t k = 0; k < c.num_sequences; ++k) {
+        out[k].sequence = c.first_sequence + k;
+        out[k].frame = Unit::kWholeSequence;
+        out[k].samples = entries[k].num_samples;
+        out[k].chunk = chunk;
+        out[k].position = static_cast<uint32_t>(i);
+      }
+      return segment_;
+    }
+    segment_.reserve(c.num_samples);
+    for (uint64_t k = 0; k < c.num_sequences; ++k) {
       Unit u;
-      u.sequence = s;
+      u.sequence = c.first_sequence + k;
       u.chunk = chunk;
       u.position = static_cast<uint32_t>(i);
-      if (!options_.frame_mode) {
-        u.samples = samples;
-        segment_.push_back(u);
-        continue;
-      }
       u.samples = 1;
-      for (uint32_t f = 0; f < samples; ++f) {
+      for (uint32_t f = 0; f < entries[k].num_samples; ++f) {
         u.frame = f;
         segment_.push_back(u);
       }
