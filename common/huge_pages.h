@@ -25,19 +25,6 @@
 
 namespace conveyor {
 
-// Under AddressSanitizer every array comes from operator new, where ASan sees its bounds
-// (the fuzzers rely on it); blocks of our own would hide overruns inside them.
-#if defined(__SANITIZE_ADDRESS__)
-#define CONVEYOR_HUGE_BLOCKS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define CONVEYOR_HUGE_BLOCKS 0
-#endif
-#endif
-#ifndef CONVEYOR_HUGE_BLOCKS
-#define CONVEYOR_HUGE_BLOCKS 1
-#endif
-
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 // Smallest array given a block of its own: below it, the rounding up to whole 2 MiB pages
 // would waste more than it saves.
@@ -45,11 +32,17 @@ inline constexpr size_t kHugeBlockMinBytes = size_t{1} << 20;
 
 // A block of at least `bytes` (rounded up to whole 2 MiB pages), 2 MiB aligned: a kept one
 // of about that size, else a new mapping. Throws std::bad_alloc when the system has no
-// memory to map. Thread-safe.
+// memory to map. Under AddressSanitizer (decided where this is compiled, so every caller
+// agrees) it is plain operator new, where ASan sees the bounds: blocks of our own would hide
+// overruns inside them, and the fuzzers rely on ASan. Thread-safe.
 void* AllocateHugeBlock(size_t bytes);
 // Gives back a block from AllocateHugeBlock(`bytes` as asked for): kept for reuse while the
-// blocks kept stay under the cap, unmapped otherwise. Thread-safe.
-void FreeHugeBlock(void* block, size_t bytes);
+// blocks kept stay under the cap, unmapped otherwise. Never throws. Thread-safe.
+void FreeHugeBlock(void* block, size_t bytes) noexcept;
+// The memory an array at `data` of `bytes` (its capacity) holds: its whole block when it
+// is one (the rounding, or a larger kept block it reuses), else `bytes`. For memory budgets
+// (ParsedChunk::MemoryBytes). Thread-safe.
+uint64_t HeldBytes(const void* data, size_t bytes);
 // Unmaps every block kept (the daemon calls it when a subscription ends, with malloc_trim).
 // Returns the bytes unmapped. Thread-safe.
 uint64_t ReleaseHugeBlocks();
@@ -63,14 +56,19 @@ struct HugeBlockStats {
 HugeBlockStats GetHugeBlockStats();
 
 // Bytes of freed blocks kept at most: CONVEYOR_HUGE_BLOCK_CACHE_MB if set, else 1/8 of the
-// machine's memory, at most 4 GiB.
+// memory the process may use (the machine's, or its cgroup's memory.max when lower), at most
+// 4 GiB. Kept blocks are outside the daemon's budgets: conveyord gives them back when a
+// subscription ends and after indexing at start-up (with malloc_trim).
 uint64_t HugeBlockCacheLimit();
+
+// Whether AllocateHugeBlock() hands out blocks of its own (false under AddressSanitizer).
+bool HugeBlocksInUse();
 
 // Whether blocks are advised for huge pages (CONVEYOR_HUGE_PAGES is not "0"; read once).
 bool HugePagesEnabled();
 
 // std::allocator for large arrays: kHugeBlockMinBytes or more from AllocateHugeBlock(),
-// less (and everything under AddressSanitizer) from operator new. Stateless: all instances are equal, so containers using it move
+// less from operator new. Stateless: all instances are equal, so containers using it move
 // and swap freely.
 template <typename T>
 struct HugePageAllocator {
@@ -82,11 +80,11 @@ struct HugePageAllocator {
   T* allocate(size_t n) {
     if (n > SIZE_MAX / 2 / sizeof(T)) throw std::bad_array_new_length();
     const size_t bytes = n * sizeof(T);
-    if (!CONVEYOR_HUGE_BLOCKS || bytes < kHugeBlockMinBytes) return static_cast<T*>(::operator new(bytes));
+    if (bytes < kHugeBlockMinBytes) return static_cast<T*>(::operator new(bytes));
     return static_cast<T*>(AllocateHugeBlock(bytes));
   }
   void deallocate(T* p, size_t n) noexcept {
-    if (!CONVEYOR_HUGE_BLOCKS || n * sizeof(T) < kHugeBlockMinBytes) {
+    if (n * sizeof(T) < kHugeBlockMinBytes) {
       ::operator delete(p);
     } else {
       FreeHugeBlock(p, n * sizeof(T));

@@ -11,6 +11,7 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -31,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "common/cli/command_line.h"
 #include "common/config/config_loader.h"
+#include "common/huge_pages.h"
 #include "common/malloc_tuning.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
@@ -266,6 +268,9 @@ absl::StatusOr<Prepared> Prepare(Flags f) {
   p.port_file = f.port_file;
   ChooseAssembler(config, &f, &p);
   ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, /*compressed_in_place=*/true));
+  // What indexing freed (ranges grown and merged, kept for reuse) goes back before serving.
+  conveyor::ReleaseHugeBlocks();
+  ::malloc_trim(0);
   return p;
 }
 

@@ -194,7 +194,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     pp.t0 = p.t0;
     pp.sample_begin = p.sample_begin;
     pp.truncated = bptt;
-    uint32_t longest = 0, shortest = UINT32_MAX;
+    uint32_t longest = 0, shortest = ns > 0 ? UINT32_MAX : 0;
     for (size_t s = 0; s < ns; ++s) {
       uint64_t b;
       const uint32_t c = PieceSamples(p, s, &b);
@@ -213,7 +213,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     // PlanBatch's errors, checked cheaply here and described by PieceError().
     if (p.row >= shape.rows || (shape.frame_mode && longest > 1) ||
         (bptt && (p.t0 + longest > shape.steps || shortest != longest))) {
-      return PieceError(streams, shape, p, counts);
+      if (absl::Status st = PieceError(streams, shape, p, counts); !st.ok()) return st;
     }
     num_samples += main_stream >= 0 ? counts[main_stream] : longest;
   }

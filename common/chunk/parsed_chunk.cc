@@ -3,12 +3,13 @@
 namespace conveyor {
 
 uint64_t ParsedChunk::MemoryBytes() const {
-  uint64_t b = keys.capacity() * 8 + lengths.capacity() * 4 + slot_of.capacity() * 4;
+  // What each array holds: its capacity, or the whole block a large one lives in.
+  auto held = [](const auto& v) { return HeldBytes(v.data(), v.capacity() * sizeof(v[0])); };
+  uint64_t b = held(keys) + held(lengths) + held(slot_of);
   for (const auto& s : streams) {
-    b += s.sequence_begin.capacity() * 8 + s.nnz_begin.capacity() * 8 + s.indices.capacity() * 4 +
-         s.values_f32.capacity() * 4 + s.values_f64.capacity() * 8 + s.in_place.capacity() * sizeof(const std::byte*) +
-         s.compressed.capacity() * sizeof(CompressedDense) +
-         (s.sparse_values_in_place.capacity() + s.sparse_indices_in_place.capacity()) * sizeof(const std::byte*);
+    b += held(s.sequence_begin) + held(s.nnz_begin) + held(s.indices) + held(s.values_f32) + held(s.values_f64) +
+         held(s.in_place) + s.compressed.capacity() * sizeof(CompressedDense) + held(s.sparse_values_in_place) +
+         held(s.sparse_indices_in_place);
   }
   return b;
 }

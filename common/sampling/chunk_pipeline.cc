@@ -29,7 +29,7 @@ void ChunkPipeline::Schedule(const std::shared_ptr<State>& s) {
   // batch), and a second chunk parsed beside it takes CPU from it whenever the pipeline's
   // threads outnumber the cores the process gets (issue 19: first batch).
   const uint64_t budget = s->first_done ? static_cast<uint64_t>(std::max(1, s->options.threads)) : 1;
-  // Past the parse-ahead only for a chunk the consumer waits for (one job at a time).
+  // Past the parse-ahead only for chunks the consumer waits for (one job each).
   const uint64_t prefetch = static_cast<uint64_t>(std::max(1, s->options.prefetch));
   while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed &&
          (s->ahead + s->unclaimed < prefetch || s->wanted > s->unclaimed)) {
