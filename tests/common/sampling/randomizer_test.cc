@@ -264,30 +264,39 @@ TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
   }
 }
 
-// Equal keys are rare in a real sweep; here most keys repeat, over several key bytes.
+// Equal keys are rare in a real sweep; in the first two kinds of keys here most repeat, over
+// several key bytes (up to the top one); the last two are random over many widths, so that
+// every digit of the radix sort orders something.
 TEST(Randomizer, SortSegmentBreaksEqualKeysBySequenceThenFrame) {
   std::mt19937_64 rng(3);
-  for (size_t n : {0u, 1u, 5u, 64u, 65u, 1000u, 20000u}) {
-    std::vector<uint64_t> keys(n);
-    std::vector<Unit> units(n);
-    for (size_t i = 0; i < n; ++i) {
-      keys[i] = (rng() % 5) << (8 * (rng() % 6));  // 5 values at 6 byte positions
-      units[i].sequence = rng() % 50;
-      units[i].frame = static_cast<uint32_t>(i);  // (sequence, frame) unique
-    }
-    std::vector<size_t> want(n);
-    std::iota(want.begin(), want.end(), size_t{0});
-    std::sort(want.begin(), want.end(), [&](size_t x, size_t y) {
-      if (keys[x] != keys[y]) return keys[x] < keys[y];
-      if (units[x].sequence != units[y].sequence) return units[x].sequence < units[y].sequence;
-      return units[x].frame < units[y].frame;
-    });
-    HugeVector<Unit> got(1);  // appended after what is there
-    SortSegment(keys, units, &got);
-    ASSERT_EQ(got.size(), n + 1);
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(got[i + 1].sequence, units[want[i]].sequence) << "n " << n << " at " << i;
-      ASSERT_EQ(got[i + 1].frame, units[want[i]].frame) << "n " << n << " at " << i;
+  for (int kind = 0; kind < 4; ++kind) {
+    for (size_t n : {0u, 1u, 5u, 64u, 65u, 1000u, 5000u, 20000u}) {
+      std::vector<uint64_t> keys(n);
+      std::vector<Unit> units(n);
+      for (size_t i = 0; i < n; ++i) {
+        switch (kind) {
+          case 0: keys[i] = (rng() % 5) << (8 * (rng() % 6)); break;  // 5 values at 6 byte positions
+          case 1: keys[i] = (rng() % 5) << (8 * (rng() % 8)); break;  // ... at 8
+          case 2: keys[i] = rng() >> (16 + rng() % 48); break;        // under 2^48
+          default: keys[i] = rng() >> (rng() % 64); break;            // any width
+        }
+        units[i].sequence = rng() % 50;
+        units[i].frame = static_cast<uint32_t>(i);  // (sequence, frame) unique
+      }
+      std::vector<size_t> want(n);
+      std::iota(want.begin(), want.end(), size_t{0});
+      std::sort(want.begin(), want.end(), [&](size_t x, size_t y) {
+        if (keys[x] != keys[y]) return keys[x] < keys[y];
+        if (units[x].sequence != units[y].sequence) return units[x].sequence < units[y].sequence;
+        return units[x].frame < units[y].frame;
+      });
+      HugeVector<Unit> got(1);  // appended after what is there
+      SortSegment(keys, units, &got);
+      ASSERT_EQ(got.size(), n + 1);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[i + 1].sequence, units[want[i]].sequence) << "kind " << kind << " n " << n << " at " << i;
+        ASSERT_EQ(got[i + 1].frame, units[want[i]].frame) << "kind " << kind << " n " << n << " at " << i;
+      }
     }
   }
 }
