@@ -401,6 +401,15 @@ constexpr char kAbout[] =
     "  conveyord my.yaml --listen 127.0.0.1:7070\n"
     "  conveyord my.yaml --listen 0.0.0.0:7070 --token-file /etc/conveyor/token --metrics 0.0.0.0:9090";
 
+constexpr char kEnvironment[] =
+    "Environment:\n"
+    "  CONVEYOR_HUGE_PAGES=0          parsed chunks' memory not advised for transparent huge pages (where\n"
+    "                                 compacting memory for them shows as latency spikes)\n"
+    "  CONVEYOR_HUGE_BLOCK_CACHE_MB=N freed chunk memory kept for reuse, at most N MiB (default 1/8 of the\n"
+    "                                 machine's or the cgroup's memory, at most 4096; outside the budgets)\n"
+    "  CONVEYOR_EXAMPLES=DIR          where the bundled examples are (DIR/conveyor.yaml), without CONFIG\n"
+    "docs/operations.md has the budgets, probes and the huge pages.";
+
 // Signals are taken by sigwait in main; every thread inherits the block. SIGUSR1 is the
 // startup thread saying it is done.
 sigset_t BlockSignals() {
@@ -444,6 +453,7 @@ int Run(int argc, char** argv) {
   CLI::App app{kAbout, "conveyord"};
   app.set_version_flag("--version", std::string("conveyord ") + CONVEYOR_VERSION +
                                         (conveyor::CudaBuilt() ? " (CUDA assembler built in)" : " (built without CUDA)"));
+  app.footer(kEnvironment);
   Flags flags;
   AddFlags(app, &flags);
   if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;

@@ -230,5 +230,16 @@ TEST(DaemonStartup, VersionIsTheProjectsVersion) {
   EXPECT_NE(text.find("\nconveyor " + version + " ("), std::string::npos) << text;
 }
 
+// The environment variables the daemon reads are where an operator looks first.
+TEST(DaemonStartup, HelpNamesTheEnvironmentItReads) {
+  TempDir dir;
+  const std::string out = dir.path() + "/help";
+  ASSERT_EQ(std::system((std::string(CONVEYORD_BINARY) + " --help > " + out).c_str()), 0);
+  const std::string text = ReadFile(out);
+  for (const char* name : {"CONVEYOR_HUGE_PAGES=0", "CONVEYOR_HUGE_BLOCK_CACHE_MB=N", "CONVEYOR_EXAMPLES=DIR"}) {
+    EXPECT_NE(text.find(name), std::string::npos) << name << " missing from:\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor::testing
