@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -190,9 +192,20 @@ bool HugePagesEnabled() {
 
 uint64_t HugeBlockCacheLimit() {
   if (const char* v = std::getenv("CONVEYOR_HUGE_BLOCK_CACHE_MB"); v != nullptr && *v != '\0') {
+    // Digits only: strtoull alone would take "-1" for 2^64 - 1 (no cap at all).
     char* end = nullptr;
+    errno = 0;
     const unsigned long long mb = std::strtoull(v, &end, 10);
-    if (end != nullptr && *end == '\0') return std::min<uint64_t>(mb, uint64_t{1} << 40) << 20;
+    if (v[0] >= '0' && v[0] <= '9' && end != nullptr && *end == '\0' && errno == 0) {
+      return std::min<uint64_t>(mb, uint64_t{1} << 40) << 20;
+    }
+    static std::once_flag warned;
+    std::call_once(warned, [v] {
+      std::fprintf(stderr,
+                   "WARNING: CONVEYOR_HUGE_BLOCK_CACHE_MB=%s is not a number of MiB (0 or more); the default cap "
+                   "is used\n",
+                   v);
+    });
   }
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;

@@ -129,8 +129,19 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LoaderService::Stre
 void LoaderService::Unregister(StreamReactor* r) {
   std::lock_guard<std::mutex> lock(mu_);
   streams_.erase(r);
-  // No stream left: the chunks kept for readers to come go back to the system.
-  if (streams_.empty() && registry_ != nullptr) registry_->DropRetained(~uint64_t{0});
+  if (registry_ != nullptr) {
+    // No stream left: the chunks kept for readers to come go back to the system.
+    if (streams_.empty()) registry_->DropRetained(~uint64_t{0});
+    // What the chunk cache holds now (batches update it while streams run; none may follow).
+    if (Metrics* m = options_.metrics) {
+      for (const std::string& name : registry_->Names()) {
+        absl::StatusOr<std::shared_ptr<const Dataset>> ds = registry_->Find(name);
+        if (ds.ok()) m->Occupancy(name, (*ds)->resident_chunks(), (*ds)->resident_bytes(), pool_->queued(), pool_->busy());
+      }
+    }
+  }
+  // The freed heap and huge-page blocks back to the system (on the releaser's thread).
+  releaser_.Request();
   gone_.notify_all();  // under the lock: the destructor may run as soon as it is released
 }
 

@@ -35,7 +35,21 @@ class HugeBlocks : public ::testing::Test {
   void TearDown() override { ReleaseHugeBlocks(); }
 };
 
-TEST_F(HugeBlocks, TheCacheLimitComesFromTheEnvironment) { EXPECT_EQ(HugeBlockCacheLimit(), 16 * kMiB); }
+TEST_F(HugeBlocks, TheCacheLimitComesFromTheEnvironment) {
+  EXPECT_EQ(HugeBlockCacheLimit(), 16 * kMiB);
+  setenv("CONVEYOR_HUGE_BLOCK_CACHE_MB", "0", 1);
+  EXPECT_EQ(HugeBlockCacheLimit(), 0u);
+  unsetenv("CONVEYOR_HUGE_BLOCK_CACHE_MB");
+  const uint64_t fallback = HugeBlockCacheLimit();
+  EXPECT_GT(fallback, 0u);
+  EXPECT_LE(fallback, uint64_t{4} << 30);
+  // Not a number of MiB: the default, not "-1" read as no cap at all.
+  for (const char* bad : {"-1", "abc", "12x", "99999999999999999999999", " 5"}) {
+    setenv("CONVEYOR_HUGE_BLOCK_CACHE_MB", bad, 1);
+    EXPECT_EQ(HugeBlockCacheLimit(), fallback) << bad;
+  }
+  setenv("CONVEYOR_HUGE_BLOCK_CACHE_MB", "16", 1);
+}
 
 TEST_F(HugeBlocks, BlocksAreWholeAlignedHugePagesAndWritable) {
   const HugeBlockStats before = GetHugeBlockStats();

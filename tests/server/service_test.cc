@@ -700,8 +700,35 @@ TEST(Metrics, CountWhatWasServed) {
   EXPECT_NE(page.find("conveyor_batches_in_flight 0"), std::string::npos);
   EXPECT_NE(page.find("conveyor_streams_ended_total{code=\"0\"} 1"), std::string::npos);
   EXPECT_NE(page.find("conveyor_parse_seconds_total{dataset=\"sparse\"}"), std::string::npos);
-  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"}"), std::string::npos);
+  // The stream is over: nothing is kept for readers to come, and the gauges say so (they
+  // are set by each batch, and once more when a stream ends).
+  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("conveyor_chunk_cache_bytes{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
   EXPECT_NE(page.find("conveyor_parse_jobs_queued 0"), std::string::npos);
+}
+
+// A stream cancelled mid-epoch held parsed chunks at its last batch: once no stream is left,
+// the chunk cache holds none, and its gauges say so (they stayed at the last batch's value
+// until the next stream).
+TEST(Metrics, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
+  Metrics metrics;
+  const int port = metrics.Serve("127.0.0.1:0");
+  ASSERT_GT(port, 0);
+  ServiceOptions o;
+  o.metrics = &metrics;
+  Daemon d(o);
+  {
+    auto client = Client::Connect(d.tcp());
+    v1::Subscribe s = Sub("sparse", 50);
+    s.set_epochs(1000);  // far from its end when cancelled
+    auto sub = (*client)->Subscribe(s);
+    ASSERT_TRUE(sub.ok());
+    ASSERT_TRUE(Drain(sub->get(), 3).ok());
+  }  // the subscription goes: its stream is cancelled
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  const std::string page = HttpGet(port, "/metrics");
+  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("conveyor_chunk_cache_bytes{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
 }
 
 }  // namespace
