@@ -90,8 +90,8 @@ absl::Status ChunkedFileDeserializer::ListChunk(uint64_t c, ChunkSequences* out)
       out->samples.push_back(static_cast<uint32_t>(ps.num_samples(slot)));
     }
   }
-  out->slot_of.assign(chunk->slot_of.begin(), chunk->slot_of.end());
-  out->keys.assign(chunk->keys.begin(), chunk->keys.end());
+  out->slot_of = std::move(chunk->slot_of);  // the chunk is dropped right after
+  out->keys = std::move(chunk->keys);
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@
 
 #include "common/chunk/chunk_cache.h"
 #include "common/formats/deserializer.h"
+#include "common/huge_pages.h"
 #include "common/mapped_file.h"
 
 namespace conveyor {
@@ -81,8 +82,8 @@ class ChunkedFileDeserializer : public Deserializer {
   // order, its slot in ParseChunk's result (-1: not delivered); per slot, its key and its
   // samples per stream (slot-major).
   struct ChunkSequences {
-    std::vector<int32_t> slot_of;
-    std::vector<uint64_t> keys;
+    HugeVector<int32_t> slot_of;  // (as ParsedChunk's: moved from there)
+    HugeVector<uint64_t> keys;
     std::vector<uint32_t> samples;
   };
   // Exactly what ParseChunk(c) would deliver, or its error. This one parses the chunk; a

@@ -365,7 +365,7 @@ TEST(Cbf, TheDecoderAcceptsExactlyWhatTheListingAccepts) {
             continue;
           }
           ++accepted;
-          ASSERT_EQ(std::vector<int32_t>((*parsed)->slot_of.begin(), (*parsed)->slot_of.end()), counts.slot_of) << "byte " << i << " ^ " << flip;
+          ASSERT_EQ((*parsed)->slot_of, counts.slot_of) << "byte " << i << " ^ " << flip;
           for (size_t k = 0, slot = 0; slot < (*parsed)->num_sequences(); ++slot) {
             for (const ParsedStream& ps : (*parsed)->streams) {
               ASSERT_EQ(ps.num_samples(slot), counts.samples[k++]) << "byte " << i << " ^ " << flip;

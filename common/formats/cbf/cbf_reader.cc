@@ -108,8 +108,7 @@ absl::Status CountCbfChunk(std::string_view bytes, const CbfFile& file, const In
           ? cbf::CountDocumentedLayoutChunk(bytes, file, chunk_id, source, path, &counts)
           : cbf::CountCntkLayoutChunk(bytes, file, chunk_id, source, precision, path, &counts));
   const uint32_t n_seq = file.chunks[chunk_id].num_sequences;
-  const HugeVector<int32_t> slots = cbf::DeliveredSlots(counts, n_seq);
-  out->slot_of.assign(slots.begin(), slots.end());
+  out->slot_of = cbf::DeliveredSlots(counts, n_seq);
   out->samples.clear();
   for (uint32_t j = 0; j < n_seq; ++j) {
     if (out->slot_of[j] < 0) continue;

@@ -99,8 +99,7 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view byte
 
 // What a composite member needs of a chunk (chunked_file.h), without decoding it.
 struct CbfChunkCounts {
-  std::vector<int32_t>
-      slot_of;  // per sequence of the chunk: its slot in ParseCbfChunk's result, or -1
+  HugeVector<int32_t> slot_of;    // per sequence of the chunk: its slot in ParseCbfChunk's result, or -1
   std::vector<uint32_t> samples;  // per delivered slot, per delivered stream (slot-major)
 };
 
