@@ -132,15 +132,12 @@ struct StreamExtent {
   uint64_t max_length = 0, num_samples = 0, nnz = 0;
 };
 
-// Whether `pieces` jump about their chunks (a randomized batch) rather than mostly follow one
-// another (file order: the next sequence of the same chunk): only then are their lines asked
-// for ahead, which in file order costs and gains nothing (the hardware prefetches a run).
+// Whether `pieces` are scattered as they come (ScatteredByJumps): only then are their lines
+// asked for ahead.
 bool ScatteredPieces(absl::Span<const PieceRef> pieces) {
   size_t jumps = 0;
-  for (size_t i = 1; i < pieces.size(); ++i) {
-    jumps += pieces[i].chunk != pieces[i - 1].chunk || pieces[i].slot != pieces[i - 1].slot + 1;
-  }
-  return jumps * 16 > pieces.size();
+  for (size_t i = 1; i < pieces.size(); ++i) jumps += Jumps(pieces[i - 1], pieces[i]);
+  return ScatteredByJumps(jumps, pieces.size());
 }
 
 // Every piece placed (plan->pieces, plan->counts), the batch's samples counted, and each

@@ -69,15 +69,32 @@ absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Pre
 // Checks that `layout` applies to a stream of `format` (message names the stream).
 absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout);
 
-// Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
-inline uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
-  const ParsedStream& ps = p.chunk->streams[s];
-  const uint64_t first = ps.sequence_begin[p.slot];
-  const uint64_t len = ps.sequence_begin[p.slot + 1] - first;
+// Samples that piece `p` covers of a stream whose sequence_begin array is `sequence_begin`:
+// [*begin, *begin + return value).
+inline uint32_t PieceSampleRange(const uint64_t* sequence_begin, const PieceRef& p, uint64_t* begin) {
+  const uint64_t first = sequence_begin[p.slot];
+  const uint64_t len = sequence_begin[p.slot + 1] - first;
+  if (p.sample_begin == 0 && p.sample_count == PieceRef::kAll) {  // the whole sequence
+    *begin = first;
+    return static_cast<uint32_t>(len);
+  }
   const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
   const uint64_t e = p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
   *begin = first + b;
   return static_cast<uint32_t>(e - b);
 }
+
+// Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
+inline uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
+  return PieceSampleRange(p.chunk->streams[s].sequence_begin.data(), p, begin);
+}
+
+// Whether piece `b`, read right after `a`, is not the next sequence of a's chunk: a jump.
+inline bool Jumps(const PieceRef& a, const PieceRef& b) { return a.chunk != b.chunk || b.slot != a.slot + 1; }
+// Whether a batch of `pieces` read with `jumps` jumps is scattered (randomized): then its
+// gathers miss the cache unless asked for ahead. Pieces that mostly follow each other (file
+// order; a batch crossing a chunk boundary jumps once) are read in order, which the hardware
+// prefetches already, and asking for them again only costs.
+inline bool ScatteredByJumps(size_t jumps, size_t pieces) { return jumps * 16 > pieces; }
 
 }  // namespace conveyor

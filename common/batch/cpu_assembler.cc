@@ -19,13 +19,10 @@
 namespace conveyor {
 namespace {
 
-// Pieces ordered by (row, t0): the order of CSC columns (*order); and whether they jump about
-// their chunks in that order (the return value): a randomized batch, whose gathers miss the
-// cache unless asked for ahead. Pieces that mostly follow each other (the next sequence of
-// the same chunk: file order) are read in order, which the hardware prefetches already;
-// asking for them again only costs (in file order the prefetching was half of the dense copy
-// loop's time). Mostly: a batch of file order that crosses a chunk boundary jumps once.
-// Without `order` (no CSC or CSR stream), only whether the pieces are scattered as they come.
+// Pieces ordered by (row, t0): the order of CSC columns (*order); and whether they are
+// scattered in that order (ScatteredByJumps, batch_layout.h: in file order the prefetching
+// was half of the dense copy loop's time). Without `order` (no CSC or CSR stream), only
+// whether the pieces are scattered as they come.
 bool ColumnOrder(absl::Span<const PieceRef> pieces, std::vector<uint32_t>* order) {
   auto before = [&](uint32_t a, uint32_t b) {
     return pieces[a].row != pieces[b].row ? pieces[a].row < pieces[b].row : pieces[a].t0 < pieces[b].t0;
@@ -36,25 +33,21 @@ bool ColumnOrder(absl::Span<const PieceRef> pieces, std::vector<uint32_t>* order
     const PieceRef& a = pieces[i - 1];
     const PieceRef& b = pieces[i];
     sorted = sorted && !(b.row != a.row ? b.row < a.row : b.t0 < a.t0);
-    jumps += a.chunk != b.chunk || b.slot != a.slot + 1;
+    jumps += Jumps(a, b);
   }
   if (sorted || order == nullptr) {
     if (order != nullptr) {
       order->resize(pieces.size());
       std::iota(order->begin(), order->end(), 0u);
     }
-    return jumps * 16 > pieces.size();
+    return ScatteredByJumps(jumps, pieces.size());
   }
   order->resize(pieces.size());
   std::iota(order->begin(), order->end(), 0u);
   std::stable_sort(order->begin(), order->end(), before);
   jumps = 0;
-  for (size_t o = 1; o < order->size(); ++o) {
-    const PieceRef& a = pieces[(*order)[o - 1]];
-    const PieceRef& b = pieces[(*order)[o]];
-    jumps += a.chunk != b.chunk || b.slot != a.slot + 1;
-  }
-  return jumps * 16 > pieces.size();
+  for (size_t o = 1; o < order->size(); ++o) jumps += Jumps(pieces[(*order)[o - 1]], pieces[(*order)[o]]);
+  return ScatteredByJumps(jumps, pieces.size());
 }
 
 // Randomized pieces lie anywhere in their chunks: a gather asks for the data of the piece
@@ -99,7 +92,7 @@ struct StreamView {
     sequence_begin = ps.sequence_begin.data();
     nnz_begin = ps.nnz_begin.data();
     indices = reinterpret_cast<const std::byte*>(ps.indices.data());
-    values = reinterpret_cast<const std::byte*>(ps.values<T>().data());
+    values = ps.ValueBytes(sizeof(T));
     indices_in_place = ps.sparse_indices_in_place.empty() ? nullptr : ps.sparse_indices_in_place.data();
     values_in_place = ps.sparse_values_in_place.empty() ? nullptr : ps.sparse_values_in_place.data();
     dense_in_place = ps.in_place.empty() ? nullptr : ps.in_place.data();
@@ -108,32 +101,17 @@ struct StreamView {
   // As ParsedStream::DenseSamples(): a dense stream's sample `b` of slot `slot` onwards.
   template <typename T>
   const std::byte* DenseBytes(uint32_t slot, uint64_t b, uint64_t dim) const {
-    return dense_in_place == nullptr ? values + b * dim * sizeof(T)
-                                     : dense_in_place[slot] + (b - sequence_begin[slot]) * dim * sizeof(T);
+    return DenseSampleAddress(values, dense_in_place, sequence_begin, slot, b, dim * sizeof(T));
   }
   // As PieceSamples(): the samples of `p` are [*begin, *begin + return value).
-  uint32_t Samples(const PieceRef& p, uint64_t* begin) const {
-    const uint64_t first = sequence_begin[p.slot];
-    const uint64_t len = sequence_begin[p.slot + 1] - first;
-    if (p.sample_begin == 0 && p.sample_count == PieceRef::kAll) {
-      *begin = first;
-      return static_cast<uint32_t>(len);
-    }
-    const uint64_t b = std::min<uint64_t>(p.sample_begin, len);
-    const uint64_t e =
-        p.sample_count == PieceRef::kAll ? len : std::min<uint64_t>(len, uint64_t{p.sample_begin} + p.sample_count);
-    *begin = first + b;
-    return static_cast<uint32_t>(e - b);
-  }
+  uint32_t Samples(const PieceRef& p, uint64_t* begin) const { return PieceSampleRange(sequence_begin, p, begin); }
   // As ParsedStream::SparseIndexBytes()/SparseValueBytes(): entry `k` of slot `slot` onwards.
   const std::byte* IndexBytes(uint32_t slot, uint64_t k) const {
-    return indices_in_place == nullptr ? indices + k * 4
-                                       : indices_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * 4;
+    return SparseEntryAddress(indices, indices_in_place, sequence_begin, nnz_begin, slot, k, sizeof(int32_t));
   }
   template <typename T>
   const std::byte* ValueBytes(uint32_t slot, uint64_t k) const {
-    return values_in_place == nullptr ? values + k * sizeof(T)
-                                      : values_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * sizeof(T);
+    return SparseEntryAddress(values, values_in_place, sequence_begin, nnz_begin, slot, k, sizeof(T));
   }
 };
 

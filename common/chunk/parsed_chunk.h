@@ -18,6 +18,23 @@
 
 namespace conveyor {
 
+// Where a parsed stream's data lies, from its arrays' addresses (a null `in_place`: the data
+// is columnar, else per parsed sequence where it lies in the input). ParsedStream's accessors
+// and the CPU assembler's per-chunk view of its arrays both read through these.
+// Sample `b` (of sequence `slot`) onwards, samples of `sample_bytes`.
+inline const std::byte* DenseSampleAddress(const std::byte* columnar, const std::byte* const* in_place,
+                                           const uint64_t* sequence_begin, uint32_t slot, uint64_t b,
+                                           size_t sample_bytes) {
+  return in_place == nullptr ? columnar + b * sample_bytes : in_place[slot] + (b - sequence_begin[slot]) * sample_bytes;
+}
+// Chunk-wide entry `k` (of sequence `slot`) onwards, elements of `elem_size`.
+inline const std::byte* SparseEntryAddress(const std::byte* columnar, const std::byte* const* in_place,
+                                           const uint64_t* sequence_begin, const uint64_t* nnz_begin, uint32_t slot,
+                                           uint64_t k, size_t elem_size) {
+  return in_place == nullptr ? columnar + k * elem_size
+                             : in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * elem_size;
+}
+
 struct ParsedStream {
   StreamFormat format = StreamFormat::kDense;
   uint32_t dim = 0;
@@ -50,10 +67,13 @@ struct ParsedStream {
   // sequence `slot`) onwards, for elements of `elem_size` bytes; the sequence's later samples
   // follow contiguously.
   const std::byte* DenseSamples(uint32_t slot, uint64_t b, size_t elem_size) const {
-    if (!in_place.empty()) return in_place[slot] + (b - sequence_begin[slot]) * dim * elem_size;
-    const auto* base = elem_size == sizeof(float) ? reinterpret_cast<const std::byte*>(values_f32.data())
-                                                  : reinterpret_cast<const std::byte*>(values_f64.data());
-    return base + b * dim * elem_size;
+    return DenseSampleAddress(ValueBytes(elem_size), in_place.empty() ? nullptr : in_place.data(),
+                              sequence_begin.data(), slot, b, dim * elem_size);
+  }
+  // values_f32's or values_f64's bytes, for elements of `elem_size`.
+  const std::byte* ValueBytes(size_t elem_size) const {
+    return elem_size == sizeof(float) ? reinterpret_cast<const std::byte*>(values_f32.data())
+                                      : reinterpret_cast<const std::byte*>(values_f64.data());
   }
   // Samples [b, b + n) of parsed sequence `slot` into `out` (n x dim values), whichever way
   // the stream holds them: copied, or decoded by the payload's codec (compressed.h).
@@ -75,16 +95,14 @@ struct ParsedStream {
   // as bytes: the sequence's later entries follow contiguously. Indices are int32, values
   // `elem_size` bytes.
   const std::byte* SparseIndexBytes(uint32_t slot, uint64_t k) const {
-    if (sparse_indices_in_place.empty()) return reinterpret_cast<const std::byte*>(indices.data()) + k * 4;
-    return sparse_indices_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * 4;
+    return SparseEntryAddress(reinterpret_cast<const std::byte*>(indices.data()),
+                              sparse_indices_in_place.empty() ? nullptr : sparse_indices_in_place.data(),
+                              sequence_begin.data(), nnz_begin.data(), slot, k, sizeof(int32_t));
   }
   const std::byte* SparseValueBytes(uint32_t slot, uint64_t k, size_t elem_size) const {
-    if (sparse_values_in_place.empty()) {
-      const auto* base = elem_size == sizeof(float) ? reinterpret_cast<const std::byte*>(values_f32.data())
-                                                    : reinterpret_cast<const std::byte*>(values_f64.data());
-      return base + k * elem_size;
-    }
-    return sparse_values_in_place[slot] + (k - nnz_begin[sequence_begin[slot]]) * elem_size;
+    return SparseEntryAddress(ValueBytes(elem_size),
+                              sparse_values_in_place.empty() ? nullptr : sparse_values_in_place.data(),
+                              sequence_begin.data(), nnz_begin.data(), slot, k, elem_size);
   }
   int32_t SparseIndex(uint32_t slot, uint64_t k) const {
     if (sparse_indices_in_place.empty()) return indices[k];
@@ -120,10 +138,10 @@ struct ParsedChunk {
   uint64_t chunk_id = 0;
   Precision precision = Precision::kFloat;
   std::vector<ParsedStream> streams;  // in the dataset's stream order
-  HugeVector<uint64_t> keys;         // per parsed sequence
+  HugeVector<uint64_t> keys;          // per parsed sequence
   std::vector<std::string> names;     // per parsed sequence, for string-keyed formats; else empty
-  HugeVector<uint32_t> lengths;      // per parsed sequence: samples for minibatch counting
-  HugeVector<int32_t> slot_of;       // per index sequence of the chunk: parsed slot or -1
+  HugeVector<uint32_t> lengths;       // per parsed sequence: samples for minibatch counting
+  HugeVector<int32_t> slot_of;        // per index sequence of the chunk: parsed slot or -1
 
   uint64_t num_sequences() const { return keys.size(); }
   // Approximate heap bytes held, for cache accounting.

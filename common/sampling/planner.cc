@@ -224,10 +224,6 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   const bool full = options_.full_minibatches;
   uint64_t units = 0;  // of the global minibatch so far
   rank_loads_.clear();
-  // Every rank takes every unit (one rank, or balanced among one), or the chunks rule: whether
-  // a unit is this rank's needs no state then.
-  const uint32_t w = options_.world, rank = options_.rank;
-  const bool by_position = options_.distribution == Distribution::kChunks || w == 1;
   uint32_t chunk = UINT32_MAX;  // the chunk of the last piece made, and its first sequence
   uint64_t first_sequence = 0;
   while (true) {
@@ -252,8 +248,7 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
       }
       const uint64_t unit = units++;
       samples += v.samples;
-      const bool mine = by_position ? (w == 1 || v.position % w == rank) : TakesUnit(v, unit);
-      if (mine) {
+      if (TakesUnit(v, unit)) {
         if (v.chunk != chunk) {
           chunk = v.chunk;
           first_sequence = index_->chunks[chunk].first_sequence;
@@ -289,10 +284,8 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
   return b;
 }
 
-bool Planner::TakesUnit(const Unit& u, uint64_t unit) {
+bool Planner::TakesBalancedUnit(const Unit& u, uint64_t unit) {
   const uint32_t w = options_.world;
-  if (options_.distribution == Distribution::kChunks) return u.position % w == options_.rank;
-  if (w == 1) return true;
   // Balanced: the first `w` units go to ranks 0..w-1 (each holds nothing yet; ties go to the
   // lowest rank), then each to the rank holding the fewest samples.
   if (unit < w) {

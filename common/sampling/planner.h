@@ -132,8 +132,13 @@ class Planner {
   uint64_t Position() const { return state_.sweep * index_->total_samples + state_.sample_in_sweep; }
   void OpenSweep(uint64_t sweep, uint64_t segment);
   void NoteExhausted(uint64_t up_to_segment, std::vector<uint32_t>* out);
-  // Whether this rank takes `u`, the `unit`-th unit of the minibatch being planned.
-  bool TakesUnit(const Unit& u, uint64_t unit);
+  // Whether this rank takes `u`, the `unit`-th unit of the minibatch being planned. Inline:
+  // the planner asks for every unit, and only the balanced distribution needs state.
+  bool TakesUnit(const Unit& u, uint64_t unit) {
+    if (options_.distribution == Distribution::kChunks) return u.position % options_.world == options_.rank;
+    return options_.world == 1 || TakesBalancedUnit(u, unit);
+  }
+  bool TakesBalancedUnit(const Unit& u, uint64_t unit);
   std::optional<PlannedBatch> NextFrameOrSequence();
   std::optional<PlannedBatch> NextTruncated();
   // Moves the state past the batch just planned (next batch, or next epoch) into b->after.
