@@ -11,7 +11,6 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <limits.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -32,7 +31,6 @@
 #include "absl/strings/str_join.h"
 #include "common/cli/command_line.h"
 #include "common/config/config_loader.h"
-#include "common/huge_pages.h"
 #include "common/malloc_tuning.h"
 #include "common/mapped_file.h"
 #include "common/status_macros.h"
@@ -40,6 +38,7 @@
 #include "cuda/cuda_backend.h"
 #include "server/listen_checks.h"
 #include "server/loader_service.h"
+#include "server/memory_budget.h"
 #include "server/server_builder.h"
 
 namespace {
@@ -269,8 +268,7 @@ absl::StatusOr<Prepared> Prepare(Flags f) {
   ChooseAssembler(config, &f, &p);
   ASSIGN_OR_RETURN(p.registry, conveyor::DatasetRegistry::Open(config, f.index_threads, /*compressed_in_place=*/true));
   // What indexing freed (ranges grown and merged, kept for reuse) goes back before serving.
-  conveyor::ReleaseHugeBlocks();
-  ::malloc_trim(0);
+  conveyor::ReleaseFreedMemory();
   return p;
 }
 

@@ -77,9 +77,13 @@ void MemoryReleaser::Run() {
       if (stop_) return;
       requested_ = false;
     }
-    ::malloc_trim(0);
-    ReleaseHugeBlocks();  // the parsed chunks' blocks kept for reuse (common/huge_pages.h)
+    ReleaseFreedMemory();
   }
+}
+
+void ReleaseFreedMemory() {
+  ::malloc_trim(0);
+  ReleaseHugeBlocks();
 }
 
 }  // namespace conveyor

@@ -57,9 +57,12 @@ class Reservation {
 // Half of the machine's physical memory: the default of the daemon-wide budgets.
 uint64_t DefaultDaemonBudget();
 
-// Gives freed heap memory back to the system (malloc_trim, and the large arrays' blocks kept
-// for reuse: common/huge_pages.h) on a thread of its own, so that
-// what a finished subscription held leaves the daemon's RSS: the allocator is tuned to keep
+// Gives freed memory back to the system now, on this thread: the heap's (malloc_trim) and the
+// large arrays' blocks kept for reuse (common/huge_pages.h).
+void ReleaseFreedMemory();
+
+// ReleaseFreedMemory() on a thread of its own, so that what a finished subscription held
+// leaves the daemon's RSS: the allocator is tuned to keep
 // freed chunk buffers for reuse (common/malloc_tuning.h), which would otherwise hold the
 // peak of the largest subscription forever. Request() never blocks; requests coalesce.
 class MemoryReleaser {

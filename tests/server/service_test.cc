@@ -680,43 +680,52 @@ std::string HttpGet(int port, const std::string& path) {
   return out;
 }
 
-TEST(Metrics, CountWhatWasServed) {
-  Metrics metrics;
-  const int port = metrics.Serve("127.0.0.1:0");
-  ASSERT_GT(port, 0);
-  ServiceOptions o;
-  o.metrics = &metrics;
+// A Prometheus endpoint of its own, and the options that make a daemon report to it.
+class MetricsEndpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = metrics_.Serve("127.0.0.1:0");
+    ASSERT_GT(port_, 0);
+    options_.metrics = &metrics_;
+  }
+  std::string Page() const { return HttpGet(port_, "/metrics"); }
+  // The chunk cache holds nothing of `dataset`, and its gauges say so (they are set by each
+  // batch, and once more when a stream ends).
+  static void ExpectNoChunkHeld(const std::string& page, const std::string& dataset) {
+    for (const char* gauge : {"conveyor_chunk_cache_chunks", "conveyor_chunk_cache_bytes"}) {
+      EXPECT_NE(page.find(std::string(gauge) + "{dataset=\"" + dataset + "\"} 0\n"), std::string::npos) << gauge << "\n" << page;
+    }
+  }
+
+  Metrics metrics_;
+  int port_ = 0;
+  ServiceOptions options_;
+};
+
+TEST_F(MetricsEndpoint, CountWhatWasServed) {
   {
-    Daemon d(o);
+    Daemon d(options_);
     auto client = Client::Connect(d.tcp());
     auto sub = (*client)->Subscribe(Sub("sparse", 250));
     auto got = Drain(sub->get());
     ASSERT_TRUE(got.ok());
   }
-  const std::string page = HttpGet(port, "/metrics");
+  const std::string page = Page();
   EXPECT_NE(page.find("conveyor_batches_served_total{dataset=\"sparse\",transport=\"inline\"} 8"), std::string::npos) << page;
   EXPECT_NE(page.find("conveyor_samples_served_total{dataset=\"sparse\",transport=\"inline\"} 2000"), std::string::npos);
   EXPECT_NE(page.find("conveyor_active_streams 0"), std::string::npos);
   EXPECT_NE(page.find("conveyor_batches_in_flight 0"), std::string::npos);
   EXPECT_NE(page.find("conveyor_streams_ended_total{code=\"0\"} 1"), std::string::npos);
   EXPECT_NE(page.find("conveyor_parse_seconds_total{dataset=\"sparse\"}"), std::string::npos);
-  // The stream is over: nothing is kept for readers to come, and the gauges say so (they
-  // are set by each batch, and once more when a stream ends).
-  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
-  EXPECT_NE(page.find("conveyor_chunk_cache_bytes{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
+  ExpectNoChunkHeld(page, "sparse");  // the stream is over: nothing is kept for readers to come
   EXPECT_NE(page.find("conveyor_parse_jobs_queued 0"), std::string::npos);
 }
 
 // A stream cancelled mid-epoch held parsed chunks at its last batch: once no stream is left,
 // the chunk cache holds none, and its gauges say so (they stayed at the last batch's value
 // until the next stream).
-TEST(Metrics, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
-  Metrics metrics;
-  const int port = metrics.Serve("127.0.0.1:0");
-  ASSERT_GT(port, 0);
-  ServiceOptions o;
-  o.metrics = &metrics;
-  Daemon d(o);
+TEST_F(MetricsEndpoint, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
+  Daemon d(options_);
   {
     auto client = Client::Connect(d.tcp());
     v1::Subscribe s = Sub("sparse", 50);
@@ -726,9 +735,7 @@ TEST(Metrics, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
     ASSERT_TRUE(Drain(sub->get(), 3).ok());
   }  // the subscription goes: its stream is cancelled
   ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
-  const std::string page = HttpGet(port, "/metrics");
-  EXPECT_NE(page.find("conveyor_chunk_cache_chunks{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
-  EXPECT_NE(page.find("conveyor_chunk_cache_bytes{dataset=\"sparse\"} 0\n"), std::string::npos) << page;
+  ExpectNoChunkHeld(Page(), "sparse");
 }
 
 }  // namespace
