@@ -101,4 +101,37 @@ struct HugePageAllocator {
 template <typename T>
 using HugeVector = std::vector<T, HugePageAllocator<T>>;
 
+// Bytes left as they are (not zeroed: filled by a read), from the same blocks as HugeVector.
+// Move-only.
+class HugeBytes {
+ public:
+  HugeBytes() = default;
+  explicit HugeBytes(size_t size) : data_(size ? HugePageAllocator<char>().allocate(size) : nullptr), size_(size) {}
+  HugeBytes(HugeBytes&& o) noexcept : data_(o.data_), size_(o.size_) { o.data_ = nullptr, o.size_ = 0; }
+  HugeBytes& operator=(HugeBytes&& o) noexcept {
+    if (this != &o) {
+      Free();
+      data_ = o.data_, size_ = o.size_;
+      o.data_ = nullptr, o.size_ = 0;
+    }
+    return *this;
+  }
+  HugeBytes(const HugeBytes&) = delete;
+  HugeBytes& operator=(const HugeBytes&) = delete;
+  ~HugeBytes() { Free(); }
+
+  char* data() { return data_; }
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+  // The memory held (HeldBytes), for budgets.
+  uint64_t held() const { return data_ ? HeldBytes(data_, size_) : 0; }
+
+ private:
+  void Free() noexcept {
+    if (data_) HugePageAllocator<char>().deallocate(data_, size_);
+  }
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace conveyor

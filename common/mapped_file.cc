@@ -63,7 +63,7 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path, bool readable) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
   struct stat st;
@@ -87,12 +87,36 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     }
     data = static_cast<const char*>(p);
   }
-  ::close(fd);  // The mapping keeps the file referenced.
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, StampOf(st)));
+  if (!readable) {
+    ::close(fd);  // The mapping keeps the file referenced.
+    fd = -1;
+  }
+  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, StampOf(st), fd));
 }
 
 MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status MappedFile::Read(uint64_t offset, uint64_t length, char* out) const {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": not opened for reading"));
+  uint64_t done = 0;
+  while (done < length) {
+    const uint64_t want = std::min<uint64_t>(length - done, uint64_t{1} << 30);
+    const ssize_t n = ::pread(fd_, out + done, want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, absl::StrCat("cannot read bytes ", offset, "-", offset + length), path_);
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(path_, ": the file ends at byte ", offset + done, ", before byte ",
+                                              offset + length, " which its index needs (it was ", size_,
+                                              " bytes when opened: was it changed or truncated since?)"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 void MappedFile::WillNeed(uint64_t offset, uint64_t length, bool populate) const {

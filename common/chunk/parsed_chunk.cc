@@ -5,7 +5,7 @@ namespace conveyor {
 uint64_t ParsedChunk::MemoryBytes() const {
   // What each array holds: its capacity, or the whole block a large one lives in.
   auto held = [](const auto& v) { return HeldBytes(v.data(), v.capacity() * sizeof(v[0])); };
-  uint64_t b = held(keys) + held(lengths) + held(slot_of);
+  uint64_t b = held(keys) + held(lengths) + held(slot_of) + file_bytes.held();
   for (const auto& s : streams) {
     b += held(s.sequence_begin) + held(s.nnz_begin) + held(s.indices) + held(s.values_f32) + held(s.values_f64) +
          held(s.in_place) + s.compressed.capacity() * sizeof(CompressedDense) + held(s.sparse_values_in_place) +

@@ -46,19 +46,20 @@ struct ParsedStream {
   // Values in the dataset's precision: exactly one of these is used.
   HugeVector<float> values_f32;
   HugeVector<double> values_f64;
-  // Dense values used where they lie in the mapped input (CBF, Kaldi FM/DM in the dataset's
-  // precision): per parsed sequence, the address of its first sample's values, or empty when
-  // values<T>() holds every sequence. Any alignment (readers copy with memcpy); valid while
-  // the Dataset that parsed the chunk lives. Read dense values through DenseSamples().
+  // Dense values used where they lie in the input (CBF: the chunk's bytes as read, held by
+  // ParsedChunk::file_bytes; Kaldi FM/DM in the dataset's precision: the mapped file): per
+  // parsed sequence, the address of its first sample's values, or empty when values<T>()
+  // holds every sequence. Any alignment (readers copy with memcpy); valid while the chunk
+  // and the Dataset that parsed it live. Read dense values through DenseSamples().
   HugeVector<const std::byte*> in_place;
   // Dense values left compressed (Dataset opened with compressed_in_place): per parsed
   // sequence, its payload (Kaldi CM, CM2, CM3); empty otherwise. Read them through DecodeDense(), not DenseSamples().
   std::vector<CompressedDense> compressed;
-  // Sparse entries used where they lie in the mapped input (CBF, ctf2bin's layout): per
-  // parsed sequence, the address of its first entry's value and of its first index (a
-  // sequence's entries lie back to back, in file order); both empty when values<T>() and
-  // `indices` hold every entry. Any alignment; valid while the Dataset that parsed the chunk
-  // lives. nnz_begin numbers the entries chunk-wide either way: read them through
+  // Sparse entries used where they lie in the input (CBF, ctf2bin's layout: the chunk's
+  // bytes as read, ParsedChunk::file_bytes): per parsed sequence, the address of its first
+  // entry's value and of its first index (a sequence's entries lie back to back, in file
+  // order); both empty when values<T>() and `indices` hold every entry. Any alignment; valid
+  // while the chunk lives. nnz_begin numbers the entries chunk-wide either way: read them through
   // SparseIndexBytes()/SparseValueBytes() (or SparseIndex()/SparseValue()).
   HugeVector<const std::byte*> sparse_values_in_place, sparse_indices_in_place;
 
@@ -142,6 +143,9 @@ struct ParsedChunk {
   std::vector<std::string> names;     // per parsed sequence, for string-keyed formats; else empty
   HugeVector<uint32_t> lengths;       // per parsed sequence: samples for minibatch counting
   HugeVector<int32_t> slot_of;        // per index sequence of the chunk: parsed slot or -1
+  // The chunk's bytes as read from its file, when its streams use values where they lie
+  // (`in_place`, `sparse_*_in_place` point into them: CBF); empty otherwise.
+  HugeBytes file_bytes;
 
   uint64_t num_sequences() const { return keys.size(); }
   // Approximate heap bytes held, for cache accounting.

@@ -35,8 +35,7 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
     chunked_ = deserializers_[0].get();
     streams_ = chunked_->streams();
     index_ = chunked_->chunks();
-    cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return ParseChunk(c); },
-                                          [this](uint64_t c) { DoneWith(c); });
+    cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return ParseChunk(c); }, nullptr);
     return absl::OkStatus();
   }
   cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return ParseChunk(c); }, nullptr);
@@ -312,19 +311,11 @@ uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {
 }
 
 void Dataset::WillNeed(uint64_t chunk_id) const {
-  if (chunked_ != nullptr) {
-    chunked_->WillNeedChunk(chunk_id);
-    return;
-  }
+  if (chunked_ != nullptr) return;  // its parse reads the chunk whole (ChunkedFileDeserializer::ReadChunk)
   const ChunkEntry& c = index_->chunks[chunk_id];
   const size_t ns = deserializers_.size();
   for (uint64_t i = c.first_sequence; i < c.first_sequence + c.num_sequences; ++i)
     for (size_t s = 0; s < ns; ++s) deserializers_[s]->WillNeed(joined_[i * ns + s]);
-}
-
-void Dataset::DoneWith(uint64_t chunk_id) const {
-  if (chunked_ == nullptr) return;  // several files, shared pages: left to the kernel
-  chunked_->DoneWithChunk(chunk_id);
 }
 
 }  // namespace conveyor

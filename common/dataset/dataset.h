@@ -92,9 +92,8 @@ class Dataset {
 
   // The byte range of a chunk in the file (for readahead and accounting).
   uint64_t ChunkBytes(uint64_t chunk_id) const;
+  // Readahead of a chunk about to be parsed (sources read through their mappings).
   void WillNeed(uint64_t chunk_id) const;
-  // The chunk's text was parsed: drop its pages from the mapping.
-  void DoneWith(uint64_t chunk_id) const;
 
  private:
   Dataset(DatasetConfig config) : config_(std::move(config)) {}

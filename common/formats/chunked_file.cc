@@ -55,24 +55,20 @@ ChunkedFileDeserializer::ChunkedFileDeserializer(const DeserializerContext& cont
 
 absl::Status ChunkedFileDeserializer::MapFile(const DeserializerContext& context) {
   path_ = context.config.file;
-  ASSIGN_OR_RETURN(file_, MappedFile::Open(context.config.file));
+  ASSIGN_OR_RETURN(file_, MappedFile::Open(context.config.file, /*readable=*/true));
   return absl::OkStatus();
 }
 
-void ChunkedFileDeserializer::WillNeedChunk(uint64_t chunk_id) const {
+absl::StatusOr<HugeBytes> ChunkedFileDeserializer::ReadChunk(uint64_t chunk_id) const {
   const ChunkEntry& c = index_.chunks[chunk_id];
-  file_->WillNeed(c.begin_offset, c.end_offset - c.begin_offset, /*populate=*/true);  // parsed right after
-}
-
-void ChunkedFileDeserializer::DoneWithChunk(uint64_t chunk_id) const {
-  const ChunkEntry& c = index_.chunks[chunk_id];
-  file_->DontNeed(c.begin_offset, c.end_offset - c.begin_offset);
+  HugeBytes bytes(c.end_offset - c.begin_offset);
+  RETURN_IF_ERROR(file_->Read(c.begin_offset, bytes.size(), bytes.data()));
+  return bytes;
 }
 
 absl::Status ChunkedFileDeserializer::FinishOpen(const DeserializerContext& context) {
   if (!context.member) return absl::OkStatus();
-  cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return CountedParse(c); },
-                                        [this](uint64_t c) { DoneWithChunk(c); });
+  cache_ = std::make_unique<ChunkCache>([this](uint64_t c) { return CountedParse(c); }, nullptr);
   return Scan(context);
 }
 
@@ -95,7 +91,7 @@ absl::Status ChunkedFileDeserializer::ListChunk(uint64_t c, ChunkSequences* out)
   return absl::OkStatus();
 }
 
-// Every chunk listed once (on all cores; its pages dropped after): the sequences it
+// Every chunk listed once (on all cores): the sequences it
 // delivers, their keys and per-stream counts, in file order.
 absl::Status ChunkedFileDeserializer::Scan(const DeserializerContext& context) {
   const Index& index = index_;
@@ -131,7 +127,6 @@ absl::Status ChunkedFileDeserializer::Scan(const DeserializerContext& context) {
         f.samples.insert(f.samples.end(), listed.samples.begin() + static_cast<size_t>(slot) * ns,
                          listed.samples.begin() + static_cast<size_t>(slot + 1) * ns);
       }
-      DoneWithChunk(c);
       const uint64_t done = bytes_done += ce.end_offset - ce.begin_offset;
       if (context.progress) context.progress(done, index.file_size);
     }

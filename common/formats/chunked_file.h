@@ -1,6 +1,13 @@
 // chunked_file.h: the part shared by deserializers of one mapped file that they cut into
-// chunks themselves (CNTKTextFormat, CNTKBinary): the mapping, the index, readahead and page
-// dropping per chunk, and their sequences by key for a composite.
+// chunks themselves (CNTKTextFormat, CNTKBinary): the file, the index, reading a chunk, and
+// their sequences by key for a composite.
+//
+// The file is mapped (indexing and listing read it through the mapping, then drop its pages
+// from it), but a chunk to parse is read into memory of its own (ReadChunk: pread(2) into
+// 2 MiB blocks kept for reuse) rather than read through the mapping: the mapping would make
+// and drop a page-table entry per 4 KiB page on every read of the chunk, which on the
+// virtual machines measured costs 3-4x the copy (bench/RESULTS.md, "Chunks read, not
+// mapped"), and the process's resident memory stays the parsed window's.
 //
 // As a member of a composite (DeserializerContext::member), its sequences are joined by key
 // with the other deserializers' (the first deserializer's order) and served sequence by
@@ -49,8 +56,6 @@ class ChunkedFileDeserializer : public Deserializer {
  public:
   const std::vector<StreamConfig>& streams() const override { return streams_; }
   const Index* chunks() const override { return &index_; }
-  void WillNeedChunk(uint64_t chunk_id) const override;
-  void DoneWithChunk(uint64_t chunk_id) const override;
   IndexSource index_source() const override { return index_source_; }
   const std::string& index_cache_path() const override { return cache_path_; }
 
@@ -59,7 +64,6 @@ class ChunkedFileDeserializer : public Deserializer {
   uint32_t samples(size_t i, size_t k) const override { return samples_[i * streams_.size() + k]; }
   uint64_t bytes(size_t i) const override { return entries_[i].bytes; }
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override;
-  void WillNeed(size_t i) const override { WillNeedChunk(entries_[i].chunk); }
   int64_t ParseUnit(size_t i) const override { return entries_[i].chunk; }
 
   std::vector<std::string_view> inputs() const override { return {file_->bytes()}; }
@@ -73,8 +77,15 @@ class ChunkedFileDeserializer : public Deserializer {
  protected:
   // Takes the context's diagnostics and budget, or, for a member, makes its own.
   explicit ChunkedFileDeserializer(const DeserializerContext& context);
-  // Maps the configured file (path_, file_). Errors: those of MappedFile::Open.
+  // Maps the configured file (path_, file_), kept open for ReadChunk. Errors: those of
+  // MappedFile::Open.
   absl::Status MapFile(const DeserializerContext& context);
+  // Chunk `chunk_id`'s bytes, [begin_offset, end_offset) of the file, read (not mapped).
+  // Errors: those of MappedFile::Read (DataLoss where the file is now shorter).
+  absl::StatusOr<HugeBytes> ReadChunk(uint64_t chunk_id) const;
+  // Drops the pages of the file's bytes [offset, offset+length) read through the mapping
+  // (indexing, listing) from it: the page cache keeps them.
+  void DropPages(uint64_t offset, uint64_t length) const { file_->DontNeed(offset, length); }
   // For a member: every chunk listed once (ListChunk), its sequences by key (see above).
   absl::Status FinishOpen(const DeserializerContext& context);
 

@@ -82,9 +82,6 @@ class Deserializer {
   // Parses chunk `chunk_id` of chunks(). Thread-safe. Errors: DataLoss (input errors beyond
   // maxErrors, corrupt input).
   virtual absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;
-  // Readahead of a chunk about to be parsed; its input's pages no longer needed.
-  virtual void WillNeedChunk(uint64_t) const {}
-  virtual void DoneWithChunk(uint64_t) const {}
   // Where chunks() came from (the index cache or a fresh pass), and the cache file.
   virtual IndexSource index_source() const { return IndexSource::kBuilt; }
   virtual const std::string& index_cache_path() const;

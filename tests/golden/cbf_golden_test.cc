@@ -5,6 +5,8 @@
 // every corrupted byte of a real file is an error naming the file, never a crash. As a
 // member of a composite, a file of either layout is listed from the counts it states, with
 // no chunk parsed, exactly as parsing gives it (CbfMember).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -37,6 +39,37 @@ DatasetConfig CbfDataset(const std::string& file, Precision precision, const std
   auto config = LoadConfigFile(dir.Write("c.yaml", yaml));
   EXPECT_TRUE(config.ok()) << config.status();
   return config->datasets[0];
+}
+
+// Two parses of one chunk hold the same sequences, samples and values (wherever they lie).
+void ExpectSameChunk(const ParsedChunk& a, const ParsedChunk& b, const std::string& where) {
+  ASSERT_EQ(a.slot_of, b.slot_of) << where;
+  ASSERT_EQ(a.keys, b.keys) << where;
+  ASSERT_EQ(a.lengths, b.lengths) << where;
+  ASSERT_EQ(a.streams.size(), b.streams.size()) << where;
+  const size_t elem = a.precision == Precision::kFloat ? 4 : 8;
+  for (size_t s = 0; s < a.streams.size(); ++s) {
+    const ParsedStream &x = a.streams[s], &y = b.streams[s];
+    ASSERT_EQ(x.format, y.format) << where;
+    ASSERT_EQ(x.sequence_begin, y.sequence_begin) << where << ", stream " << s;
+    ASSERT_EQ(x.nnz_begin, y.nnz_begin) << where << ", stream " << s;
+    for (uint32_t slot = 0; slot < a.num_sequences(); ++slot) {
+      const uint64_t b0 = x.sequence_begin[slot], n = x.num_samples(slot);
+      if (x.format == StreamFormat::kDense) {
+        if (n) {
+          ASSERT_EQ(std::memcmp(x.DenseSamples(slot, b0, elem), y.DenseSamples(slot, b0, elem), n * x.dim * elem), 0)
+              << where;
+        }
+        continue;
+      }
+      const uint64_t kb = x.nnz_begin[b0], ke = x.nnz_begin[b0 + n];
+      if (ke > kb) {
+        ASSERT_EQ(std::memcmp(x.SparseIndexBytes(slot, kb), y.SparseIndexBytes(slot, kb), (ke - kb) * 4), 0) << where;
+        ASSERT_EQ(std::memcmp(x.SparseValueBytes(slot, kb, elem), y.SparseValueBytes(slot, kb, elem), (ke - kb) * elem), 0)
+            << where;
+      }
+    }
+  }
 }
 
 // The dump without keys and cursors, each sample's sparse entries sorted.
@@ -360,6 +393,13 @@ TEST(Cbf, TheDecoderAcceptsExactlyWhatTheListingAccepts) {
           CbfChunkCounts counts;
           const absl::Status listed = CountCbfChunk(bad, *file, *index, c, source, precision, "f.bin", &counts);
           ASSERT_EQ(parsed.status(), listed) << "byte " << i << " ^ " << flip;
+          // The chunk read alone (as the deserializer reads it) decodes as in the whole file,
+          // errors and their byte offsets included.
+          const CbfChunkInfo& ci = file->chunks[c];
+          const std::string alone = bad.substr(ci.offset, ci.end - ci.offset);
+          auto read = ParseCbfChunk(alone, ci.offset, *file, *index, c, source, precision, "f.bin");
+          ASSERT_EQ(read.status(), parsed.status()) << "byte " << i << " ^ " << flip;
+          if (read.ok()) ExpectSameChunk(**parsed, **read, absl::StrCat("byte ", i, " ^ ", flip));
           if (!listed.ok()) {
             ++refused;
             continue;
@@ -498,6 +538,70 @@ TEST(Cbf, IndicesBelowRefusesNegativeIndicesWhateverTheDim) {
   }
 }
 
+// The deserializer reads each chunk into memory of its own (chunked_file.h): every chunk of
+// both layouts, read alone, decodes as it does in the whole file.
+TEST(Cbf, EveryChunkReadAloneDecodesAsInTheWholeFile) {
+  std::vector<std::pair<std::string, std::string>> files = {{"documented", HandWrittenDocumented()}};
+  for (const char* name : {"10x10_sparse", "10x10_dense", "50x20_jagged_sequences_sparse", "Simple_jagged_sequence"}) {
+    files.emplace_back(name, ReadFile(BinDir() + name + ".bin"));
+  }
+  for (const auto& [name, bytes] : files) {
+    SCOPED_TRACE(name);
+    auto file = ReadCbfFile(bytes, "f.bin");
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto index = BuildCbfIndex(*file, bytes, "f.bin");
+    ASSERT_TRUE(index.ok()) << index.status();
+    std::vector<int> all(file->streams.size());
+    for (size_t s = 0; s < all.size(); ++s) all[s] = static_cast<int>(s);
+    for (uint64_t c = 0; c < file->chunks.size(); ++c) {
+      const CbfChunkInfo& ci = file->chunks[c];
+      auto whole = ParseCbfChunk(bytes, *file, *index, c, all, file->streams[0].precision, "f.bin");
+      ASSERT_TRUE(whole.ok()) << whole.status();
+      const std::string alone = bytes.substr(ci.offset, ci.end - ci.offset);
+      auto read = ParseCbfChunk(alone, ci.offset, *file, *index, c, all, file->streams[0].precision, "f.bin");
+      ASSERT_TRUE(read.ok()) << read.status();
+      ExpectSameChunk(**whole, **read, absl::StrCat("chunk ", c));
+      // Bytes that do not hold the chunk are refused, not read out of bounds.
+      EXPECT_EQ(ParseCbfChunk(alone.substr(0, alone.size() - 1), ci.offset, *file, *index, c, all,
+                              file->streams[0].precision, "f.bin").status().code(),
+                absl::StatusCode::kInternal);
+      EXPECT_EQ(ParseCbfChunk(alone, ci.offset + 1, *file, *index, c, all, file->streams[0].precision, "f.bin")
+                    .status().code(),
+                absl::StatusCode::kInternal);
+    }
+  }
+}
+
+// A file cut short after it was opened: the chunks past the cut are an error naming the file
+// and what happened, not a SIGBUS from a mapping past its end.
+TEST(Cbf, AFileCutShortAfterOpeningIsAnErrorNotACrash) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += std::to_string(i) + " |d " + std::to_string(i) + " |s " + std::to_string(i % 9) + ":1\n";
+  auto ctf = Dataset::Open(CtfDataset(dir.Write("in.ctf", text), "{d: {dim: 1, format: dense}, s: {dim: 9, format: sparse}}",
+                                      "randomize: false"));
+  ASSERT_TRUE(ctf.ok()) << ctf.status();
+  CbfWriteOptions wo;
+  wo.chunk_size = 300;
+  const std::string path = dir.path() + "/cut.bin";
+  ASSERT_TRUE(WriteCbf(**ctf, path, wo).ok());
+  auto ds = Dataset::Open(CbfDataset(path, Precision::kFloat));
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const Index& index = (*ds)->index();
+  ASSERT_GE(index.chunks.size(), 2u);
+  const ChunkEntry& last = index.chunks.back();
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(last.begin_offset + 3)), 0);
+  auto first = (*ds)->ParseChunk(0);
+  EXPECT_TRUE(first.ok()) << first.status();
+  auto cut = (*ds)->ParseChunk(index.chunks.size() - 1);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+  EXPECT_NE(cut.status().message().find("cut.bin: the file ends at byte " + std::to_string(last.begin_offset + 3)),
+            std::string::npos)
+      << cut.status();
+  EXPECT_NE(cut.status().message().find("changed or truncated"), std::string::npos) << cut.status();
+}
+
 TEST(CbfDocumented, DecodesAHandWrittenFile) {
   TempDir dir;
   const std::string path = dir.Write("doc.bin", HandWrittenDocumented());
@@ -513,6 +617,13 @@ TEST(CbfDocumented, DecodesAHandWrittenFile) {
   const ParsedStream& x = (*c0)->streams[0];
   ASSERT_EQ(x.in_place.size(), 2u);  // dense values used where they lie in the file
   EXPECT_TRUE(x.values_f32.empty());
+  // ... as read: the chunk holds its bytes, counted as its memory.
+  const HugeBytes& held = (*c0)->file_bytes;
+  EXPECT_EQ(held.size(), (*ds)->index().chunks[0].end_offset - (*ds)->index().chunks[0].begin_offset);
+  for (const std::byte* p : x.in_place) {
+    EXPECT_TRUE(reinterpret_cast<const char*>(p) >= held.data() && reinterpret_cast<const char*>(p) < held.data() + held.size());
+  }
+  EXPECT_GE((*c0)->MemoryBytes(), held.size());
   float xs[4];
   std::memcpy(xs, x.DenseSamples(0, 0, 4), 8);
   std::memcpy(xs + 2, x.DenseSamples(1, 1, 4), 8);

@@ -17,11 +17,11 @@ namespace {
 // are, to check them). Listing a chunk (CountCntkLayoutChunk) is this walk; decoding one is
 // FastWalk, which accepts exactly what this walk accepts and asks it why when it does not.
 template <typename T>
-absl::Status CheckedWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
+absl::Status CheckedWalk(std::string_view bytes, uint64_t base, const CbfFile& file, uint64_t chunk_id,
                          const std::vector<int>& source, const std::string& path,
                          std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
   const CbfChunkInfo& chunk = file.chunks[chunk_id];
-  Reader r(bytes, chunk.offset, chunk.end);
+  Reader r(bytes, chunk.offset, chunk.end, base);
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": chunk ", chunk_id, ", byte ", r.pos(), ": ", what));
   };
@@ -115,12 +115,13 @@ class Appender {
 // and sparse entries stay where they lie: `out` points at them). False, with `out` in no
 // defined state, where anything is wrong: CheckedWalk then says what.
 template <typename T>
-bool FastWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id, const std::vector<int>& source,
-              ParsedChunk* out, std::vector<uint32_t>* counts_out, std::vector<uint32_t>* lengths_out) {
+bool FastWalk(std::string_view bytes, uint64_t base, const CbfFile& file, uint64_t chunk_id,
+              const std::vector<int>& source, ParsedChunk* out, std::vector<uint32_t>* counts_out,
+              std::vector<uint32_t>* lengths_out) {
   const CbfChunkInfo& chunk = file.chunks[chunk_id];
   const uint32_t n_seq = chunk.num_sequences;
-  const char* p = bytes.data() + chunk.offset;
-  const char* const end = bytes.data() + chunk.end;
+  const char* p = bytes.data() + (chunk.offset - base);
+  const char* const end = bytes.data() + (chunk.end - base);
   if (uint64_t{n_seq} > static_cast<uint64_t>(end - p) / 4) return false;
   std::vector<uint32_t>& lengths = *lengths_out;
   lengths.resize(n_seq);
@@ -216,13 +217,13 @@ bool FastWalk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id, co
 }
 
 template <typename T>
-absl::Status DecodeChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+absl::Status DecodeChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index,
                          uint64_t chunk_id, const std::vector<int>& source, const std::string& path,
                          ParsedChunk* out) {
   std::vector<uint32_t> counts, lengths;
-  if (!FastWalk<T>(bytes, file, chunk_id, source, out, &counts, &lengths)) {
+  if (!FastWalk<T>(bytes, base, file, chunk_id, source, out, &counts, &lengths)) {
     out->streams.clear();
-    RETURN_IF_ERROR(CheckedWalk<T>(bytes, file, chunk_id, source, path, &counts, &lengths));
+    RETURN_IF_ERROR(CheckedWalk<T>(bytes, base, file, chunk_id, source, path, &counts, &lengths));
     // The checked walk accepts the chunk the fast one refused: a bug here, not in the file.
     return absl::InternalError(absl::StrCat(path, ": chunk ", chunk_id,
                                             ": the CBF decoder refused a chunk its checked walk accepts"));
@@ -300,11 +301,11 @@ absl::StatusOr<CbfFile> ReadCntkLayout(std::string_view bytes, const std::string
   return file;
 }
 
-absl::Status DecodeCntkLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
-                                   const std::vector<int>& source, Precision precision, const std::string& path,
-                                   ParsedChunk* out) {
-  return precision == Precision::kFloat ? DecodeChunk<float>(bytes, file, index, chunk_id, source, path, out)
-                                        : DecodeChunk<double>(bytes, file, index, chunk_id, source, path, out);
+absl::Status DecodeCntkLayoutChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index,
+                                   uint64_t chunk_id, const std::vector<int>& source, Precision precision,
+                                   const std::string& path, ParsedChunk* out) {
+  return precision == Precision::kFloat ? DecodeChunk<float>(bytes, base, file, index, chunk_id, source, path, out)
+                                        : DecodeChunk<double>(bytes, base, file, index, chunk_id, source, path, out);
 }
 
 absl::Status CountCntkLayoutChunk(std::string_view bytes, const CbfFile& file, uint64_t chunk_id,
@@ -312,8 +313,8 @@ absl::Status CountCntkLayoutChunk(std::string_view bytes, const CbfFile& file, u
                                   const std::string& path, std::vector<uint32_t>* counts) {
   std::vector<uint32_t> lengths;
   return precision == Precision::kFloat
-             ? CheckedWalk<float>(bytes, file, chunk_id, source, path, counts, &lengths)
-             : CheckedWalk<double>(bytes, file, chunk_id, source, path, counts, &lengths);
+             ? CheckedWalk<float>(bytes, 0, file, chunk_id, source, path, counts, &lengths)
+             : CheckedWalk<double>(bytes, 0, file, chunk_id, source, path, counts, &lengths);
 }
 
 }  // namespace conveyor::cbf

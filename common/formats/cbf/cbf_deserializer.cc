@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/chunked_file.h"
 #include "common/status_macros.h"
@@ -21,35 +20,31 @@ class CbfDeserializer final : public ChunkedFileDeserializer {
   absl::Status Open(const DeserializerContext& context);
 
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
-    DropReleasedPages(chunk_id);
-    return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, precision_, path_);
-  }
-
-  // A released chunk's pages are dropped from the mapping by the next parse, on a parser
-  // thread, rather than by the thread that released it: the loader's, which plans and
-  // assembles every batch (dropping 8 MiB of pages there was 5% of its time on CBF sparse).
-  // Right in any order: the mapping stays, and a dropped page touched again is mapped again
-  // from the page cache; a chunk wanted again is taken off the list.
-  void DoneWithChunk(uint64_t chunk_id) const override {
-    absl::MutexLock lock(&released_mu_);
-    released_.push_back(chunk_id);
-  }
-  void WillNeedChunk(uint64_t chunk_id) const override {
-    {
-      absl::MutexLock lock(&released_mu_);
-      released_.erase(std::remove(released_.begin(), released_.end(), chunk_id), released_.end());
+    if (chunk_id >= index_.chunks.size()) {  // its error
+      return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, precision_, path_);
     }
-    ChunkedFileDeserializer::WillNeedChunk(chunk_id);
+    ASSIGN_OR_RETURN(HugeBytes bytes, ReadChunk(chunk_id));
+    ASSIGN_OR_RETURN(std::unique_ptr<ParsedChunk> chunk,
+                     ParseCbfChunk({bytes.data(), bytes.size()}, index_.chunks[chunk_id].begin_offset, *cbf_, index_,
+                                   chunk_id, cbf_source_, precision_, path_));
+    // Values used where they lie point into the bytes read: the chunk holds them.
+    for (const ParsedStream& ps : chunk->streams) {
+      if (!ps.in_place.empty() || !ps.sparse_values_in_place.empty()) {
+        chunk->file_bytes = std::move(bytes);
+        break;
+      }
+    }
+    return chunk;
   }
 
  protected:
   // A member's open reads the counts the file states instead of parsing (chunked_file.h).
   absl::Status ListChunk(uint64_t c, ChunkSequences* out) const override {
-    DropReleasedPages(c);  // the chunks listed before (Scan releases each after listing it)
     CbfChunkCounts counts;
-    RETURN_IF_ERROR(
-        CountCbfChunk(file_->bytes(), *cbf_, index_, c, cbf_source_, precision_, path_, &counts));
     const ChunkEntry& ce = index_.chunks[c];
+    absl::Status counted = CountCbfChunk(file_->bytes(), *cbf_, index_, c, cbf_source_, precision_, path_, &counts);
+    DropPages(ce.begin_offset, ce.end_offset - ce.begin_offset);  // walked through the mapping
+    RETURN_IF_ERROR(counted);
     out->keys.clear();
     for (uint32_t j = 0; j < ce.num_sequences; ++j) {
       if (counts.slot_of[j] >= 0) out->keys.push_back(index_.sequences[ce.first_sequence + j].key);
@@ -63,23 +58,9 @@ class CbfDeserializer final : public ChunkedFileDeserializer {
   // The configured streams (all of the file's without `input`) checked against the file's.
   absl::Status SelectStreams();
 
-  // Drops the pages of the chunks released since the last parse, but `parsing`'s.
-  void DropReleasedPages(uint64_t parsing) const {
-    std::vector<uint64_t> drop;
-    {
-      absl::MutexLock lock(&released_mu_);
-      drop.swap(released_);
-    }
-    for (uint64_t c : drop) {
-      if (c != parsing) ChunkedFileDeserializer::DoneWithChunk(c);
-    }
-  }
-
   const Precision precision_;
   std::unique_ptr<CbfFile> cbf_;  // the file's header and chunk table
   std::vector<int> cbf_source_;   // per stream: the file stream it reads
-  mutable absl::Mutex released_mu_;
-  mutable std::vector<uint64_t> released_ ABSL_GUARDED_BY(released_mu_);  // chunks whose pages to drop
 };
 
 absl::Status CbfDeserializer::Open(const DeserializerContext& context) {
@@ -104,6 +85,7 @@ absl::Status CbfDeserializer::Open(const DeserializerContext& context) {
   RETURN_IF_ERROR(SelectStreams());
   if (context.progress) context.progress(0, file_->bytes().size());
   ASSIGN_OR_RETURN(index_, BuildCbfIndex(*cbf_, bytes, d.file));
+  DropPages(0, bytes.size());  // the walk read the documented layout's chunks through the mapping
   if (context.progress) context.progress(file_->bytes().size(), file_->bytes().size());
   return FinishOpen(context);
 }

@@ -112,10 +112,11 @@ uint32_t SparseSamples(const CbfStreamInfo& info, const DocumentedInput& in, uin
 // column starts from 0 to nnz without going back, row codes not negative (and sample 0 for
 // an input that is not a sequence), the sequences' lengths adding up to the table's
 // numSamples. `lengths`: per sequence, the longest of its inputs.
-absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, uint64_t c, const std::string& path,
-                                 std::vector<DocumentedInput>* inputs, std::vector<uint32_t>* lengths) {
+absl::Status WalkDocumentedChunk(std::string_view bytes, uint64_t base, const CbfFile& file, uint64_t c,
+                                 const std::string& path, std::vector<DocumentedInput>* inputs,
+                                 std::vector<uint32_t>* lengths) {
   const CbfChunkInfo& chunk = file.chunks[c];
-  Reader r(bytes, chunk.offset, chunk.end);
+  Reader r(bytes, chunk.offset, chunk.end, base);
   auto bad = [&](const CbfStreamInfo& info, uint64_t at, const std::string& what) {
     return absl::DataLossError(absl::StrCat(path, ": chunk ", c, ", byte ", at, ": input '", info.name, "': ", what));
   };
@@ -200,11 +201,12 @@ namespace {
 // lie back to back in sample order: they are used where they lie, as in ctf2bin's layout.
 // Otherwise they are sorted by sample into the chunk's columns.
 template <typename T>
-absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
-                                   const std::vector<int>& source, const std::string& path, ParsedChunk* out) {
+absl::Status DecodeDocumentedChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index,
+                                   uint64_t chunk_id, const std::vector<int>& source, const std::string& path,
+                                   ParsedChunk* out) {
   std::vector<DocumentedInput> inputs;
   std::vector<uint32_t> lengths;
-  RETURN_IF_ERROR(WalkDocumentedChunk(bytes, file, chunk_id, path, &inputs, &lengths));
+  RETURN_IF_ERROR(WalkDocumentedChunk(bytes, base, file, chunk_id, path, &inputs, &lengths));
   const uint32_t n_seq = static_cast<uint32_t>(lengths.size());
   std::vector<uint32_t> counts(source.size() * n_seq, 0);
   out->streams.resize(source.size());
@@ -246,10 +248,10 @@ absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, 
       // Entries by sample, file order within one: a counting sort (rows were checked by the walk).
       per_sample.assign(uint64_t{n} + 1, 0);
       for (uint32_t k = kb; k < ke; ++k) ++per_sample[static_cast<uint32_t>(LoadI32(in.rows, k)) / info.dim + 1];
-      const uint64_t base = ps.nnz_begin.back();
+      const uint64_t before = ps.nnz_begin.back();
       for (uint32_t t = 0; t < n; ++t) {
         per_sample[t + 1] += per_sample[t];
-        ps.nnz_begin.push_back(base + per_sample[t + 1]);
+        ps.nnz_begin.push_back(before + per_sample[t + 1]);
       }
       order.resize(ke - kb);
       for (uint32_t k = kb; k < ke; ++k) order[per_sample[static_cast<uint32_t>(LoadI32(in.rows, k)) / info.dim]++] = k;
@@ -269,12 +271,12 @@ absl::Status DecodeDocumentedChunk(std::string_view bytes, const CbfFile& file, 
 
 }  // namespace
 
-absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index,
                                          uint64_t chunk_id, const std::vector<int>& source, Precision precision,
                                          const std::string& path, ParsedChunk* out) {
   return precision == Precision::kFloat
-             ? DecodeDocumentedChunk<float>(bytes, file, index, chunk_id, source, path, out)
-             : DecodeDocumentedChunk<double>(bytes, file, index, chunk_id, source, path, out);
+             ? DecodeDocumentedChunk<float>(bytes, base, file, index, chunk_id, source, path, out)
+             : DecodeDocumentedChunk<double>(bytes, base, file, index, chunk_id, source, path, out);
 }
 
 absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file,
@@ -282,7 +284,7 @@ absl::Status CountDocumentedLayoutChunk(std::string_view bytes, const CbfFile& f
                                         const std::string& path, std::vector<uint32_t>* counts) {
   std::vector<DocumentedInput> inputs;
   std::vector<uint32_t> lengths;
-  RETURN_IF_ERROR(WalkDocumentedChunk(bytes, file, chunk_id, path, &inputs, &lengths));
+  RETURN_IF_ERROR(WalkDocumentedChunk(bytes, 0, file, chunk_id, path, &inputs, &lengths));
   const size_t n_seq = lengths.size();
   counts->assign(source.size() * n_seq, 0);
   for (size_t i = 0; i < source.size(); ++i) {

@@ -23,16 +23,18 @@
 
 namespace conveyor::cbf {
 
-// A bounds-checked little-endian reader over [pos, end) of the file.
+// A bounds-checked little-endian reader over [pos, end) of the file, whose bytes from offset
+// `base` on are `bytes` (the whole file, or a chunk as read; [pos, end) must lie in them).
 class Reader {
  public:
-  Reader(std::string_view bytes, uint64_t pos, uint64_t end) : bytes_(bytes), pos_(pos), end_(end) {}
+  Reader(std::string_view bytes, uint64_t pos, uint64_t end, uint64_t base = 0)
+      : bytes_(bytes), base_(base), pos_(pos), end_(end) {}
   uint64_t pos() const { return pos_; }
   uint64_t left() const { return end_ - pos_; }
   template <typename T>
   bool Read(T* out) {
     if (left() < sizeof(T)) return false;
-    std::memcpy(out, bytes_.data() + pos_, sizeof(T));
+    std::memcpy(out, bytes_.data() + (pos_ - base_), sizeof(T));
     pos_ += sizeof(T);
     return true;
   }
@@ -40,14 +42,14 @@ class Reader {
   bool Take(uint64_t count, uint64_t size, const char** out) {
     uint64_t n = 0;
     if (__builtin_mul_overflow(count, size, &n) || n > left()) return false;
-    *out = bytes_.data() + pos_;
+    *out = bytes_.data() + (pos_ - base_);
     pos_ += n;
     return true;
   }
 
  private:
   std::string_view bytes_;
-  uint64_t pos_, end_;
+  uint64_t base_, pos_, end_;
 };
 
 // A V at `p`, any alignment.
@@ -94,8 +96,9 @@ inline auto BadHeader(const std::string& path) {
 // --- Layout 1, ctf2bin's (cbf_cntk_layout.cc).
 // The header and chunk table of a file whose magic number was read. Errors: as ReadCbfFile.
 absl::StatusOr<CbfFile> ReadCntkLayout(std::string_view bytes, const std::string& path);
-// Decodes chunk `chunk_id` into `out`. Errors: as ParseCbfChunk.
-absl::Status DecodeCntkLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index, uint64_t chunk_id,
+// Decodes chunk `chunk_id` into `out` from `bytes`, the file's bytes from offset `base` on
+// (the chunk's among them). Errors: as ParseCbfChunk.
+absl::Status DecodeCntkLayoutChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index, uint64_t chunk_id,
                                    const std::vector<int>& source, Precision precision, const std::string& path,
                                    ParsedChunk* out);
 // The per-sequence sample `counts` of chunk `chunk_id`'s delivered streams (stream-major),
@@ -130,11 +133,13 @@ inline int32_t LoadI32(const char* p, uint64_t i) {
 
 // The header and offsets table of a file whose version (1) was read. Errors: as ReadCbfFile.
 absl::StatusOr<CbfFile> ReadDocumentedLayout(std::string_view bytes, const std::string& path);
-// Locates every input's section of chunk `c` and checks it whole (see cbf_documented_layout.cc).
-absl::Status WalkDocumentedChunk(std::string_view bytes, const CbfFile& file, uint64_t c, const std::string& path,
-                                 std::vector<DocumentedInput>* inputs, std::vector<uint32_t>* lengths);
-// Decodes chunk `chunk_id` into `out`. Errors: as ParseCbfChunk.
-absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, const CbfFile& file, const Index& index,
+// Locates every input's section of chunk `c` and checks it whole (see cbf_documented_layout.cc);
+// `bytes`: the file's from offset `base` on.
+absl::Status WalkDocumentedChunk(std::string_view bytes, uint64_t base, const CbfFile& file, uint64_t c,
+                                 const std::string& path, std::vector<DocumentedInput>* inputs,
+                                 std::vector<uint32_t>* lengths);
+// Decodes chunk `chunk_id` into `out`, `bytes` as for DecodeCntkLayoutChunk. Errors: as ParseCbfChunk.
+absl::Status DecodeDocumentedLayoutChunk(std::string_view bytes, uint64_t base, const CbfFile& file, const Index& index,
                                          uint64_t chunk_id, const std::vector<int>& source, Precision precision,
                                          const std::string& path, ParsedChunk* out);
 // The per-sequence sample `counts` of chunk `chunk_id`'s delivered streams (stream-major),

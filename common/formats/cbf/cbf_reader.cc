@@ -49,7 +49,7 @@ absl::StatusOr<Index> BuildCbfIndex(const CbfFile& file, std::string_view bytes,
     Reader r(bytes, chunk.offset, chunk.end);
     const char* lengths = nullptr;
     if (file.layout == CbfLayout::kDocumented) {
-      RETURN_IF_ERROR(cbf::WalkDocumentedChunk(bytes, file, c, path, &inputs, &documented_lengths));
+      RETURN_IF_ERROR(cbf::WalkDocumentedChunk(bytes, 0, file, c, path, &inputs, &documented_lengths));
       lengths = reinterpret_cast<const char*>(documented_lengths.data());
     } else if (!r.Take(chunk.num_sequences, 4, &lengths)) {
       return absl::DataLossError(absl::StrCat(path, ": chunk ", c, ", byte ", chunk.offset, ": ", chunk.num_sequences,
@@ -84,14 +84,26 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view byte
                                                            const Index& index, uint64_t chunk_id,
                                                            const std::vector<int>& source, Precision precision,
                                                            const std::string& path) {
+  return ParseCbfChunk(bytes, 0, file, index, chunk_id, source, precision, path);
+}
+
+absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view bytes, uint64_t base, const CbfFile& file,
+                                                           const Index& index, uint64_t chunk_id,
+                                                           const std::vector<int>& source, Precision precision,
+                                                           const std::string& path) {
   if (chunk_id >= file.chunks.size() || chunk_id >= index.chunks.size()) return absl::InternalError("no such chunk");
+  const CbfChunkInfo& chunk = file.chunks[chunk_id];
+  if (chunk.offset < base || chunk.end < chunk.offset || chunk.end - base > bytes.size()) {
+    return absl::InternalError(absl::StrCat(path, ": chunk ", chunk_id, " (bytes ", chunk.offset, "-", chunk.end,
+                                            ") is not within the ", bytes.size(), " bytes given from byte ", base));
+  }
   auto out = std::make_unique<ParsedChunk>();
   out->chunk_id = chunk_id;
   out->precision = precision;
   const bool documented = file.layout == CbfLayout::kDocumented;
-  absl::Status st = documented
-                        ? DecodeDocumentedLayoutChunk(bytes, file, index, chunk_id, source, precision, path, out.get())
-                        : DecodeCntkLayoutChunk(bytes, file, index, chunk_id, source, precision, path, out.get());
+  absl::Status st =
+      documented ? DecodeDocumentedLayoutChunk(bytes, base, file, index, chunk_id, source, precision, path, out.get())
+                 : DecodeCntkLayoutChunk(bytes, base, file, index, chunk_id, source, precision, path, out.get());
   if (!st.ok()) return st;
   return out;
 }

@@ -96,6 +96,14 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view byte
                                                            const Index& index, uint64_t chunk_id,
                                                            const std::vector<int>& source, Precision precision,
                                                            const std::string& path);
+// The same from `bytes`, the file's bytes from offset `base` on (at least the chunk's,
+// [offset, end) of file.chunks[chunk_id], as read): the same result and error texts (byte
+// offsets in the file). The result's values used in place point into `bytes`, which must
+// outlive it (a reader hands it the bytes: ParsedChunk::file_bytes).
+absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseCbfChunk(std::string_view bytes, uint64_t base, const CbfFile& file,
+                                                           const Index& index, uint64_t chunk_id,
+                                                           const std::vector<int>& source, Precision precision,
+                                                           const std::string& path);
 
 // What a composite member needs of a chunk (chunked_file.h), without decoding it.
 struct CbfChunkCounts {

@@ -17,7 +17,9 @@ class CtfDeserializer final : public ChunkedFileDeserializer {
   absl::Status Open(const DeserializerContext& context);
 
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
-    return parser_->ParseChunk(file_->bytes(), index_, chunk_id);
+    if (chunk_id >= index_.chunks.size()) return parser_->ParseChunk(file_->bytes(), index_, chunk_id);  // its error
+    ASSIGN_OR_RETURN(HugeBytes text, ReadChunk(chunk_id));  // parsed, then given back for the next chunk
+    return parser_->ParseChunk({text.data(), text.size()}, index_.chunks[chunk_id].begin_offset, index_, chunk_id);
   }
 
  private:
@@ -71,6 +73,7 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
   }
   if (!loaded) {
     ASSIGN_OR_RETURN(index_, BuildCtfIndex(file_->bytes(), d.file, io));
+    DropPages(0, total);  // scanned through the mapping; chunks are read (ReadChunk)
     index_.ComputeContentHash();
     if (context.dataset.cache_index) {
       absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);

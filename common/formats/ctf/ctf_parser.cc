@@ -48,14 +48,20 @@ class ChunkParser {
 
  public:
   ChunkParser(const CtfParserOptions& options, int main_stream, Diagnostics* diagnostics,
-              ErrorBudget* budget, std::string_view file, ParsedChunk* out)
+              ErrorBudget* budget, std::string_view file, uint64_t base, ParsedChunk* out)
       : options_(options), main_stream_(main_stream), diagnostics_(diagnostics), budget_(budget),
-        file_(file), out_(out), last_row_(options.streams.size(), 0) {}
+        file_(file), base_(base), out_(out), last_row_(options.streams.size(), 0) {}
 
   // Parses one sequence; on a sequence error spends the budget and drops it. Returns false
   // once the budget is exceeded (status() says why).
   bool Sequence(const SequenceEntry& s) {
-    const char* p = file_.data() + s.offset;
+    if (s.offset < base_ || s.offset - base_ > file_.size() || s.size > file_.size() - (s.offset - base_)) {
+      status_ = absl::InternalError(absl::StrCat(options_.path, ": sequence ", s.key, " (bytes ", s.offset, "+", s.size,
+                                                 ") lies outside the bytes given (", base_, "+", file_.size(),
+                                                 "): the index does not match the file"));
+      return false;
+    }
+    const char* p = file_.data() + (s.offset - base_);
     const char* const end = p + s.size;
     line_ = s.line;
     line_start_ = p;
@@ -129,7 +135,7 @@ class ChunkParser {
       longest = std::max(longest, n);
       if (static_cast<int>(i) == main_stream_) length_ = n;
     }
-    const char* first = file_.data() + s.offset;
+    const char* first = file_.data() + (s.offset - base_);
     line_ = s.line;
     line_start_ = first;
     if (rows > longest) {
@@ -412,7 +418,8 @@ class ChunkParser {
   const int main_stream_;
   Diagnostics* const diagnostics_;
   ErrorBudget* const budget_;
-  const std::string_view file_;
+  const std::string_view file_;  // the file's bytes from offset base_ on
+  const uint64_t base_;
   ParsedChunk* const out_;
   std::vector<uint64_t> last_row_;
   std::vector<Saved> saved_;
@@ -439,9 +446,9 @@ std::unique_ptr<ParsedChunk> NewChunk(const CtfParserOptions& options) {
 
 template <typename T>
 absl::Status ParseAll(const CtfParserOptions& options, int main_stream, Diagnostics* diagnostics,
-                      ErrorBudget* budget, std::string_view file, const SequenceEntry* begin,
+                      ErrorBudget* budget, std::string_view file, uint64_t base, const SequenceEntry* begin,
                       const SequenceEntry* end, ParsedChunk* out) {
-  ChunkParser<T> parser(options, main_stream, diagnostics, budget, file, out);
+  ChunkParser<T> parser(options, main_stream, diagnostics, budget, file, base, out);
   for (const SequenceEntry* s = begin; s != end; ++s) {
     if (!parser.Sequence(*s)) return parser.status();
   }
@@ -461,23 +468,29 @@ CtfParser::CtfParser(CtfParserOptions options, Diagnostics* diagnostics, ErrorBu
 
 absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseSequences(
     std::string_view file, const HugeVector<SequenceEntry>& sequences) const {
+  const uint64_t base = 0;
   auto chunk = NewChunk(options_);
   const SequenceEntry* b = sequences.data();
   const SequenceEntry* e = b + sequences.size();
   absl::Status st = options_.precision == Precision::kFloat
-                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get())
-                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get());
+                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get())
+                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get());
   if (!st.ok()) return st;
   return chunk;
 }
 
-absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_view file,
+absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_view file, uint64_t base,
                                                                    const Index& index,
                                                                    uint64_t chunk_id) const {
   if (chunk_id >= index.chunks.size()) {
     return absl::OutOfRangeError(absl::StrCat("chunk ", chunk_id, " of ", index.chunks.size()));
   }
   const ChunkEntry& c = index.chunks[chunk_id];
+  if (c.begin_offset < base || c.end_offset < c.begin_offset || c.end_offset - base > file.size()) {
+    return absl::InternalError(absl::StrCat(options_.path, ": chunk ", chunk_id, " (bytes ", c.begin_offset, "-",
+                                            c.end_offset, ") is not within the ", file.size(),
+                                            " bytes given from byte ", base));
+  }
   auto chunk = NewChunk(options_);
   chunk->chunk_id = chunk_id;
   // Reserve from the chunk's byte size: parsing then rarely reallocates.
@@ -506,8 +519,8 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_v
   const SequenceEntry* b = index.sequences.data() + c.first_sequence;
   const SequenceEntry* e = b + c.num_sequences;
   absl::Status st = options_.precision == Precision::kFloat
-                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get())
-                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, b, e, chunk.get());
+                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get())
+                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get());
   if (!st.ok()) return st;
   if (bytes > 0) {
     for (size_t s = 0; s < chunk->streams.size(); ++s) {

@@ -46,6 +46,12 @@ class CtfParser {
   // Parses chunk `chunk_id` of `index` from `file` (the whole mapped file).
   // Errors: DataLoss "FILE:LINE:COL: ..." once the error budget is exceeded.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(std::string_view file, const Index& index,
+                                                          uint64_t chunk_id) const {
+    return ParseChunk(file, 0, index, chunk_id);
+  }
+  // The same from `bytes`, the file's bytes from offset `base` on (at least the chunk's:
+  // [begin_offset, end_offset) as read). The result is the same, error texts included.
+  absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(std::string_view bytes, uint64_t base, const Index& index,
                                                           uint64_t chunk_id) const;
 
   // Parses one sequence given by its entry (used by tests and fuzzers). Same errors.

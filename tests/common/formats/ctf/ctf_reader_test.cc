@@ -1,5 +1,7 @@
 // The CTF reader against CNTK's page "BrainScript CNTK Text Format Reader": every
 // example decoded exactly, every invalid example refused at the right line, and each rule.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -290,6 +292,57 @@ TEST_F(CtfReader, DoublePrecisionKeepsSeventeenDigits) {
   auto out = Read("|a 0.1\n", "{a: {dim: 1, format: dense}}", "precision: double");
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(*out, "{\"epoch\":0,\"batch\":0,\"key\":\"0\",\"streams\":{\"a\":{\"dense\":[[0.10000000000000001]]}}}\n");
+}
+
+// Chunks are read into memory of their own, one at a time (chunked_file.h): an error deep in
+// a later chunk still names its line and column in the file, and the last sequence, without
+// its newline, is parsed to the file's end.
+TEST_F(CtfReader, ErrorsInLaterChunksNameTheirLineAndColumn) {
+  std::string data;
+  for (int i = 0; i < 300; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + ".25\n";
+  data += "300 |a 7";  // no final newline
+  DatasetConfig ds = CtfDataset(dir_.Write("data.ctf", data), "{a: {dim: 1, format: dense}}");
+  ds.deserializers[0].chunk_size_in_bytes = 500;
+  ReadOptions ro;
+  ro.minibatch_size = 1000;
+  auto good = DumpDataset(ds, ro);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_NE(good->find("\"key\":\"299\",\"streams\":{\"a\":{\"dense\":[[299.25]]}}"), std::string::npos);
+  EXPECT_NE(good->find("\"key\":\"300\",\"streams\":{\"a\":{\"dense\":[[7]]}}"), std::string::npos);
+  const size_t at = data.find("\n250 |a ") + 1;
+  data[at + 7] = 'q';  // line 251, column 8: "250 |a 250.25" -> "250 |a q50.25"
+  ds = CtfDataset(dir_.Write("data.ctf", data), "{a: {dim: 1, format: dense}}");
+  ds.deserializers[0].chunk_size_in_bytes = 500;
+  auto bad = DumpDataset(ds, ro);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("data.ctf:251:8: unexpected 'q': expected a number for input 'a'"),
+            std::string::npos)
+      << bad.status();
+}
+
+// A file cut short after it was opened (its index no longer matches): the chunks past the cut
+// are an error naming the file and what happened, not a SIGBUS from a mapping past its end.
+TEST_F(CtfReader, AFileCutShortAfterOpeningIsAnErrorNotACrash) {
+  std::string data;
+  for (int i = 0; i < 300; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + "\n";
+  const std::string path = dir_.Write("cut.ctf", data);
+  DatasetConfig config = CtfDataset(path, "{a: {dim: 1, format: dense}}");
+  config.deserializers[0].chunk_size_in_bytes = 500;
+  auto ds = Dataset::Open(config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const Index& index = (*ds)->index();
+  ASSERT_GE(index.chunks.size(), 3u);
+  const ChunkEntry& last = index.chunks.back();
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(last.begin_offset + 2)), 0);
+  auto first = (*ds)->ParseChunk(0);
+  EXPECT_TRUE(first.ok()) << first.status();
+  auto cut = (*ds)->ParseChunk(index.chunks.size() - 1);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+  EXPECT_NE(cut.status().message().find("cut.ctf: the file ends at byte " + std::to_string(last.begin_offset + 2) +
+                                        ", before byte " + std::to_string(last.end_offset)),
+            std::string::npos)
+      << cut.status();
 }
 
 TEST_F(CtfReader, SameOutputForAnyThreadCountAndMinibatchSize) {
