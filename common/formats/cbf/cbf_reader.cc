@@ -44,6 +44,11 @@ absl::StatusOr<Index> BuildCbfIndex(const CbfFile& file, std::string_view bytes,
   uint64_t key = 0;
   std::vector<cbf::DocumentedInput> inputs;
   std::vector<uint32_t> documented_lengths;
+  // Room for every sequence the chunk table states, made once (each needs at least 4 bytes
+  // of its chunk, checked below: a table claiming more than the file holds reserves no more).
+  uint64_t stated = 0;
+  for (const CbfChunkInfo& chunk : file.chunks) stated += chunk.num_sequences;
+  index.sequences.reserve(std::min<uint64_t>(stated, bytes.size() / 4));
   for (size_t c = 0; c < file.chunks.size(); ++c) {
     const CbfChunkInfo& chunk = file.chunks[c];
     Reader r(bytes, chunk.offset, chunk.end);
