@@ -2,9 +2,14 @@
 // with all of the file's streams; any input must end in a status, never a read out of bounds
 // (ASan) or undefined behaviour (UBSan). And the decoder must accept exactly the chunks the
 // listing's checked walk (CountCbfChunk) accepts, with the same message where it refuses.
+// Each chunk is decoded a second time from a copy of its bytes alone, as the deserializer
+// reads it (ChunkedFileDeserializer::ReadChunk): the same status, and every value it leaves
+// in place is read from that copy (a pointer past it is an ASan report).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -30,12 +35,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                    chunk.status().ToString().c_str(), listed.ToString().c_str());
       __builtin_trap();
     }
+    const conveyor::CbfChunkInfo& ci = file->chunks[c];
+    const size_t n = ci.end - ci.offset;
+    std::unique_ptr<char[]> alone(new char[n + 1]);  // +1: never a zero-size allocation
+    std::memcpy(alone.get(), bytes.data() + ci.offset, n);
+    auto again = conveyor::ParseCbfChunk(std::string_view(alone.get(), n), ci.offset, *file, *index, c, source,
+                                         precision, "fuzz.bin");
+    if (again.status() != chunk.status()) {
+      std::fprintf(stderr, "chunk %zu: decoded from the file\n  %s\nfrom its bytes alone\n  %s\n", c,
+                   chunk.status().ToString().c_str(), again.status().ToString().c_str());
+      __builtin_trap();
+    }
     if (!chunk.ok()) continue;
-    // Every value the chunk leaves where it lies in the input is read, as the assembler
-    // reads it: a pointer past the input is an ASan report here.
+    // Every value the chunk leaves where it lies in its bytes is read, as the assembler
+    // reads it: a pointer past them is an ASan report here.
     const size_t elem = precision == conveyor::Precision::kFloat ? 4 : 8;
     volatile uint64_t sum = 0;
-    for (const conveyor::ParsedStream& ps : (*chunk)->streams) {
+    for (const conveyor::ParsedStream& ps : (*again)->streams) {
       for (uint32_t slot = 0; slot + 1 < ps.sequence_begin.size(); ++slot) {
         const uint64_t b = ps.sequence_begin[slot], e = ps.sequence_begin[slot + 1];
         if (ps.format == conveyor::StreamFormat::kDense) {

@@ -1,8 +1,13 @@
 // libFuzzer harness: any bytes as a CTF file, indexed and parsed chunk by chunk with an
 // unlimited error budget, under a configuration chosen by the first byte. Must never crash,
-// hang or read out of bounds; every sequence the parser keeps must be well-formed.
+// hang or read out of bounds; every sequence the parser keeps must be well-formed. Each chunk
+// is parsed a second time from a copy of its bytes alone, as the deserializer reads it
+// (ChunkedFileDeserializer::ReadChunk): a read past them is an ASan report, and the result
+// must be the same.
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "common/formats/ctf/ctf_indexer.h"
@@ -33,6 +38,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto chunk = parser.ParseChunk(bytes, *index, c);
     if (!chunk.ok()) std::abort();  // an unlimited budget never stops
     const ParsedChunk& pc = **chunk;
+    const ChunkEntry& ce = index->chunks[c];
+    const size_t n = ce.end_offset - ce.begin_offset;
+    std::unique_ptr<char[]> alone(new char[n + 1]);  // +1: never a zero-size allocation
+    std::memcpy(alone.get(), bytes.data() + ce.begin_offset, n);
+    auto again = parser.ParseChunk(std::string_view(alone.get(), n), ce.begin_offset, *index, c);
+    if (!again.ok() || (*again)->keys != pc.keys || (*again)->slot_of != pc.slot_of ||
+        (*again)->lengths != pc.lengths) {
+      std::abort();
+    }
+    for (size_t k = 0; k < pc.streams.size(); ++k) {
+      const ParsedStream &x = pc.streams[k], &y = (*again)->streams[k];
+      if (x.sequence_begin != y.sequence_begin || x.nnz_begin != y.nnz_begin || x.indices != y.indices ||
+          x.values_f32.size() != y.values_f32.size() || x.values_f64.size() != y.values_f64.size() ||
+          (!x.values_f32.empty() && std::memcmp(x.values_f32.data(), y.values_f32.data(), x.values_f32.size() * 4)) ||
+          (!x.values_f64.empty() && std::memcmp(x.values_f64.data(), y.values_f64.data(), x.values_f64.size() * 8))) {
+        std::abort();
+      }
+    }
     for (const ParsedStream& s : pc.streams) {
       if (s.sequence_begin.size() != pc.num_sequences() + 1) std::abort();
       for (int32_t i : s.indices)
