@@ -10,8 +10,20 @@ scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 -E '^python_torch$'
 # python_torch (about 90 forked DataLoader workers) runs alone, after the rest: its workers'
-# timing is what it checks, and a loaded machine only slows it.
-ctest --test-dir build --output-on-failure -R '^python_torch$'
+# timing is what it checks, and a loaded machine only slows it. A worker can still hang in
+# gRPC's own fork handler (README, "Forking": about 1 run in 7 on a loaded 2-core machine),
+# so a timed-out run is tried once more, said out loud; a failure of any other kind is not.
+torch_log="$(mktemp)"
+if ! ctest --test-dir build --output-on-failure -R '^python_torch$' 2>&1 | tee "$torch_log"; then
+  if grep -q 'python_torch .*\*\*\*Timeout' "$torch_log"; then
+    echo "conveyor: python_torch timed out (a worker stuck in gRPC's fork handler: README, Forking); running it once more" >&2
+    ctest --test-dir build --output-on-failure -R '^python_torch$'
+  else
+    rm -f "$torch_log"
+    exit 1
+  fi
+fi
+rm -f "$torch_log"
 scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
 # The Debian package installed into a clean Debian 12 root (debootstrap; needs root and the
 # Debian mirror); set CONVEYOR_DEB_TEST=0 to leave it out.
