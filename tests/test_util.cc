@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -197,6 +199,23 @@ std::vector<std::string> Tokens(const std::string& text) {
   std::string tok;
   while (in >> tok) out.push_back(tok);
   return out;
+}
+
+absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint64_t keep, ChunkEntry* last) {
+  auto ds = Dataset::Open(config);
+  if (!ds.ok()) return absl::InternalError(absl::StrCat("open: ", ds.status().ToString()));
+  const Index& index = (*ds)->index();
+  if (config.deserializers.size() != 1 || index.chunks.size() < 2) {
+    return absl::InternalError(absl::StrCat("expected one file of two or more chunks, have ", index.chunks.size()));
+  }
+  *last = index.chunks.back();
+  const std::string& path = config.deserializers[0].file;
+  if (::truncate(path.c_str(), static_cast<off_t>(last->begin_offset + keep)) != 0) {
+    return absl::InternalError(absl::StrCat("truncate ", path, ": ", std::strerror(errno)));
+  }
+  auto first = (*ds)->ParseChunk(0);
+  if (!first.ok()) return absl::InternalError(absl::StrCat("chunk 0, before the cut: ", first.status().ToString()));
+  return (*ds)->ParseChunk(index.chunks.size() - 1).status();
 }
 
 }  // namespace conveyor::testing

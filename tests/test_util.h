@@ -62,4 +62,10 @@ absl::StatusOr<std::vector<std::string>> CntkControlTokens(const DatasetConfig& 
 // Whitespace-separated tokens of a file.
 std::vector<std::string> Tokens(const std::string& text);
 
+// A data file cut short after its dataset was opened: opens `config` (one file of two or more
+// chunks), cuts the file to `keep` bytes past the start of its last chunk, and parses chunk 0
+// (which must still parse) and then the last one. Returns the last one's status (*last: its
+// index entry), or Internal when the setup itself failed.
+absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint64_t keep, ChunkEntry* last);
+
 }  // namespace conveyor::testing

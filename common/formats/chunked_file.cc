@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -60,6 +61,9 @@ absl::Status ChunkedFileDeserializer::MapFile(const DeserializerContext& context
 }
 
 absl::StatusOr<HugeBytes> ChunkedFileDeserializer::ReadChunk(uint64_t chunk_id) const {
+  if (chunk_id >= index_.chunks.size()) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": chunk ", chunk_id, " of ", index_.chunks.size()));
+  }
   const ChunkEntry& c = index_.chunks[chunk_id];
   HugeBytes bytes(c.end_offset - c.begin_offset);
   RETURN_IF_ERROR(file_->Read(c.begin_offset, bytes.size(), bytes.data()));

@@ -81,7 +81,8 @@ class ChunkedFileDeserializer : public Deserializer {
   // MappedFile::Open.
   absl::Status MapFile(const DeserializerContext& context);
   // Chunk `chunk_id`'s bytes, [begin_offset, end_offset) of the file, read (not mapped).
-  // Errors: those of MappedFile::Read (DataLoss where the file is now shorter).
+  // Errors: OutOfRange (no such chunk), those of MappedFile::Read (DataLoss where the file
+  // is now shorter).
   absl::StatusOr<HugeBytes> ReadChunk(uint64_t chunk_id) const;
   // Drops the pages of the file's bytes [offset, offset+length) read through the mapping
   // (indexing, listing) from it: the page cache keeps them.

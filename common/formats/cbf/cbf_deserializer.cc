@@ -20,9 +20,6 @@ class CbfDeserializer final : public ChunkedFileDeserializer {
   absl::Status Open(const DeserializerContext& context);
 
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
-    if (chunk_id >= index_.chunks.size()) {  // its error
-      return ParseCbfChunk(file_->bytes(), *cbf_, index_, chunk_id, cbf_source_, precision_, path_);
-    }
     ASSIGN_OR_RETURN(HugeBytes bytes, ReadChunk(chunk_id));
     ASSIGN_OR_RETURN(std::unique_ptr<ParsedChunk> chunk,
                      ParseCbfChunk({bytes.data(), bytes.size()}, index_.chunks[chunk_id].begin_offset, *cbf_, index_,

@@ -17,7 +17,6 @@ class CtfDeserializer final : public ChunkedFileDeserializer {
   absl::Status Open(const DeserializerContext& context);
 
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const override {
-    if (chunk_id >= index_.chunks.size()) return parser_->ParseChunk(file_->bytes(), index_, chunk_id);  // its error
     ASSIGN_OR_RETURN(HugeBytes text, ReadChunk(chunk_id));  // parsed, then given back for the next chunk
     return parser_->ParseChunk({text.data(), text.size()}, index_.chunks[chunk_id].begin_offset, index_, chunk_id);
   }

@@ -468,13 +468,12 @@ CtfParser::CtfParser(CtfParserOptions options, Diagnostics* diagnostics, ErrorBu
 
 absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseSequences(
     std::string_view file, const HugeVector<SequenceEntry>& sequences) const {
-  const uint64_t base = 0;
   auto chunk = NewChunk(options_);
   const SequenceEntry* b = sequences.data();
   const SequenceEntry* e = b + sequences.size();
   absl::Status st = options_.precision == Precision::kFloat
-                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get())
-                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, base, b, e, chunk.get());
+                        ? ParseAll<float>(options_, main_stream_, diagnostics_, budget_, file, 0, b, e, chunk.get())
+                        : ParseAll<double>(options_, main_stream_, diagnostics_, budget_, file, 0, b, e, chunk.get());
   if (!st.ok()) return st;
   return chunk;
 }
@@ -486,11 +485,6 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> CtfParser::ParseChunk(std::string_v
     return absl::OutOfRangeError(absl::StrCat("chunk ", chunk_id, " of ", index.chunks.size()));
   }
   const ChunkEntry& c = index.chunks[chunk_id];
-  if (c.begin_offset < base || c.end_offset < c.begin_offset || c.end_offset - base > file.size()) {
-    return absl::InternalError(absl::StrCat(options_.path, ": chunk ", chunk_id, " (bytes ", c.begin_offset, "-",
-                                            c.end_offset, ") is not within the ", file.size(),
-                                            " bytes given from byte ", base));
-  }
   auto chunk = NewChunk(options_);
   chunk->chunk_id = chunk_id;
   // Reserve from the chunk's byte size: parsing then rarely reallocates.

@@ -50,7 +50,8 @@ class CtfParser {
     return ParseChunk(file, 0, index, chunk_id);
   }
   // The same from `bytes`, the file's bytes from offset `base` on (at least the chunk's:
-  // [begin_offset, end_offset) as read). The result is the same, error texts included.
+  // [begin_offset, end_offset) as read). The result is the same, error texts included; a
+  // sequence outside those bytes (an index that does not match them) is an Internal error.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(std::string_view bytes, uint64_t base, const Index& index,
                                                           uint64_t chunk_id) const;
 
