@@ -11,8 +11,9 @@ scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 -E '^python_torch$'
 # python_torch (about 90 forked DataLoader workers) runs alone, after the rest: its workers'
 # timing is what it checks, and a loaded machine only slows it. A worker can still hang in
-# gRPC's own fork handler (README, "Forking": about 1 run in 7 on a loaded 2-core machine),
-# so a timed-out run is tried once more, said out loud; a failure of any other kind is not.
+# gRPC's own fork handler (README, "Forking": 2 of 4 suite runs and 2 of 14 loaded runs on
+# 2 cores, 2026-11-27), so a timed-out run (120 s; a run takes 30-60 s) is tried once more,
+# said out loud; a failure of any other kind is not.
 torch_log="$(mktemp)"
 if ! ctest --test-dir build --output-on-failure -R '^python_torch$' 2>&1 | tee "$torch_log"; then
   if grep -q 'python_torch .*\*\*\*Timeout' "$torch_log"; then
