@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 import urllib.request
@@ -89,16 +88,25 @@ class TorchTest(unittest.TestCase):
             f.write(CONFIG)
         port_file = os.path.join(cls.tmp.name, "port")
         cls.sock = os.path.join(cls.tmp.name, "d.sock")
+        # The daemon's log goes to a file, not a pipe drained by a thread of this process: such
+        # a thread wakes at each log line (a worker subscribing) and, asking for the GIL while
+        # the next DataLoader worker is forked, can leave that request to the child, which then
+        # hangs in gRPC's fork handler (README, "Forking"; seen in 2 of 4 suite runs).
+        log_path = os.path.join(cls.tmp.name, "conveyord.log")
+        cls.log = open(log_path, "wb")
         cls.daemon = subprocess.Popen([CONVEYORD, cls.config, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                                       "--unix", cls.sock, "--metrics", "127.0.0.1:0"], stderr=subprocess.PIPE)
+                                       "--unix", cls.sock, "--metrics", "127.0.0.1:0"], stderr=cls.log)
         cls.metrics = None
+        deadline = time.monotonic() + 60
         while cls.metrics is None:  # printed before the daemon serves
-            line = cls.daemon.stderr.readline().decode()
-            if not line:
-                raise RuntimeError("conveyord ended before serving")
-            if "metrics on http://" in line:
-                cls.metrics = line.split("http://")[1].split("/metrics")[0]
-        threading.Thread(target=cls.daemon.stderr.read, daemon=True).start()  # keep the pipe drained
+            with open(log_path, "rb") as f:
+                for line in f.read().decode(errors="replace").splitlines():
+                    if "metrics on http://" in line:
+                        cls.metrics = line.split("http://")[1].split("/metrics")[0]
+            if cls.metrics is None:
+                if cls.daemon.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("conveyord ended before serving")
+                time.sleep(0.01)
         for _ in range(400):
             if os.path.exists(port_file):
                 break
@@ -110,6 +118,7 @@ class TorchTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.daemon.terminate()
         cls.daemon.wait(timeout=30)
+        cls.log.close()
         cls.tmp.cleanup()
 
     def dataset(self, name="sparse", **kwargs):
