@@ -6,8 +6,10 @@
 # tests, the benchmark, the CUDA IPC transport end to end (and the CUDA assembler into shm and
 # inline batches), and prints one summary of them
 # all (each measured figure next to its reference and target). The golden files are read from the repository's tests/data, which
-# travels with the working tree. Carry build/gpu-bundle and run `bash build/gpu-bundle/run.sh`
-# from the repository root.
+# travels with the working tree. Carry build/gpu-bundle.tar.xz (the bundle stripped and
+# compressed: the working tree and what it carries must stay under 64 MiB) and run, from the
+# repository root, `tar xJf build/gpu-bundle.tar.xz -C build && bash build/gpu-bundle/run.sh`.
+# Every step of run.sh has a timeout, so that its summary comes within one device lease.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/tests/conveyor_gpu_tests && -x build/bench/gpu_bench ]] || {
@@ -51,7 +53,7 @@ summary=()
 device="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | paste -sd';')"
 echo "$device"
 summary+=("device: $device")
-"$here/conveyor_gpu_tests" >"$out/gpu_tests.log" 2>&1
+timeout 180 "$here/conveyor_gpu_tests" >"$out/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -25 "$out/gpu_tests.log"
 passed="$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu_tests.log" | grep -oE '[0-9]+$' || echo 0)"
@@ -64,24 +66,13 @@ else
 fi
 # The transports' memory page-locked for the CUDA assembler (a test of the server's, which
 # links gRPC: bundled with the daemon's libraries).
-if [[ -x "$here/transport_test" ]] && "$here/transport_test" --gtest_filter='TransportGpu*' >"$out/transport_gpu.log" 2>&1 \
+if [[ -x "$here/transport_test" ]] && timeout 60 "$here/transport_test" --gtest_filter='TransportGpu*' >"$out/transport_gpu.log" 2>&1 \
     && grep -q '^\[  PASSED  \] 1 test' "$out/transport_gpu.log"; then
   summary+=("transports' memory page-locked for --assembler cuda (inline, shm): passed")
 else
   summary+=("transports' memory page-locked for --assembler cuda: FAILED ($out/transport_gpu.log)"); rc=1
 fi
-# The child halves spawned by the IPC and Python tests are left out: they are processes of their own.
-filter='*Gpu*:AssemblerEquivalence/1*:AssemblerEquivalence/2*-*ChildHalf:*PythonClient*'
-for tool in memcheck racecheck; do
-  if compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter="$filter" \
-      >"$out/sanitizer_$tool.log" 2>&1; then
-    summary+=("compute-sanitizer $tool: clean ($(grep -oE '^\[  PASSED  \] [0-9]+ tests' "$out/sanitizer_$tool.log"))")
-  else
-    summary+=("compute-sanitizer $tool: FAILED ($out/sanitizer_$tool.log)"); rc=1
-    tail -30 "$out/sanitizer_$tool.log"
-  fi
-done
-if "$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" >"$out/gpu_bench.log" 2>&1; then
+if timeout 150 "$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" >"$out/gpu_bench.log" 2>&1; then
   grep -v '^SUMMARY' "$out/gpu_bench.log"
   while IFS= read -r line; do summary+=("${line#SUMMARY }"); done < <(grep '^SUMMARY' "$out/gpu_bench.log")
 else
@@ -97,8 +88,8 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   daemon=$!
   for _ in $(seq 100); do [[ -s "$port" ]] && break; sleep 0.1; done
   args=(--dataset sequences --minibatch-size 30 --randomize on --seed 2)
-  "$here/conveyor" dump "$here/examples/conveyor.yaml" "${args[@]}" >"$out/ipc_local.txt"
-  "$here/conveyor" subscribe "unix:$sock" --dump --transport cuda "${args[@]}" >"$out/ipc_cuda.txt" 2>"$out/ipc_cuda.err"
+  timeout 60 "$here/conveyor" dump "$here/examples/conveyor.yaml" "${args[@]}" >"$out/ipc_local.txt"
+  timeout 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport cuda "${args[@]}" >"$out/ipc_cuda.txt" 2>"$out/ipc_cuda.err"
   if cmp -s "$out/ipc_local.txt" "$out/ipc_cuda.txt" && [[ -s "$out/ipc_local.txt" ]]; then
     summary+=("CUDA IPC end to end: subscribe --dump equals the local dump ($(wc -l <"$out/ipc_local.txt") lines)")
   else
@@ -109,7 +100,7 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   # page-locked and copied into asynchronously; the dumps must equal the local one too, and
   # no page-locking may have failed (the daemon warns once per stream when it does).
   for transport in shm inline; do
-    "$here/conveyor" subscribe "unix:$sock" --dump --transport "$transport" "${args[@]}" >"$out/host_$transport.txt" \
+    timeout 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport "$transport" "${args[@]}" >"$out/host_$transport.txt" \
       2>"$out/host_$transport.err"
     if cmp -s "$out/ipc_local.txt" "$out/host_$transport.txt"; then
       summary+=("--assembler cuda into $transport: subscribe --dump equals the local dump")
@@ -119,7 +110,7 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   done
   for transport in cuda shm inline; do
     echo "bench sparse, transport $transport:"
-    "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
+    timeout 60 "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
       --credits 8 2>&1 | tee "$out/bench_$transport.txt"
     figure="$(grep -m1 -E 'batches/s' "$out/bench_$transport.txt" | sed 's/^ *//')"
     [[ -n $figure ]] || rc=1
@@ -140,6 +131,18 @@ else
   summary+=("CUDA IPC end to end: FAILED (the bundled conveyord/conveyor do not start here)"); rc=1
   "$here/conveyor" --help 2>&1 | head -3
 fi
+# Last, being the slowest (each step has a timeout, so the summary always comes).
+# The child halves spawned by the IPC and Python tests are left out: they are processes of their own.
+filter='*Gpu*:AssemblerEquivalence/1*:AssemblerEquivalence/2*-*ChildHalf:*PythonClient*'
+for tool in memcheck racecheck; do
+  if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter="$filter" \
+      >"$out/sanitizer_$tool.log" 2>&1; then
+    summary+=("compute-sanitizer $tool: clean ($(grep -oE '^\[  PASSED  \] [0-9]+ tests' "$out/sanitizer_$tool.log"))")
+  else
+    summary+=("compute-sanitizer $tool: FAILED ($out/sanitizer_$tool.log)"); rc=1
+    tail -30 "$out/sanitizer_$tool.log"
+  fi
+done
 echo
 echo "==== conveyor GPU summary ($(date -u +%Y-%m-%dT%H:%MZ)) ===="
 printf '  %s\n' "${summary[@]}"
@@ -147,4 +150,10 @@ echo "==== $([[ $rc == 0 ]] && echo 'all passed' || echo 'FAILED') ===="
 exit $rc
 RUN
 chmod +x "$out/run.sh"
-du -sh "$out"
+# The device's working tree travels with a 64 MiB limit (tests/data alone is ~55 MB): the
+# bundle travels stripped and compressed (~9 MB). On the device machine:
+#   tar xJf build/gpu-bundle.tar.xz -C build && bash build/gpu-bundle/run.sh
+strip --strip-unneeded "$out"/lib/* "$out"/conveyor_gpu_tests "$out"/gpu_bench \
+  "$out"/conveyord "$out"/conveyor "$out"/transport_test 2>/dev/null || true
+tar -C build -cJf build/gpu-bundle.tar.xz gpu-bundle
+du -sh "$out" build/gpu-bundle.tar.xz
