@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Thread scaling of `conveyor bench` for every format, on one machine, same run.
+
+Generates the datasets of bench/RESULTS.md ("Issue 19: assembly on several threads") in
+WORKDIR: CTF dense and sparse (gen_ctf), CBF dense and sparse (`conveyor convert`), HTK
+features + MLF labels (the an4 archive of tests/data tiled) plain and with an 11-frame
+context window, Kaldi FM, CM, CM2 and CM3 archives (tests/data/kaldi concatenated). Then runs
+`conveyor bench CONFIG --dataset D --threads T --minibatch-size 4096 --json` for every dataset
+and thread count, REPS times in turn (a warm-up run each first: index built, pages cached),
+and prints MB/s of input (median, min-max), the CPU it used over wall time (children's
+rusage), and the ratio of each thread count's median to --threads 1.
+
+Usage: bench/scaling.py --conveyor build/client/conveyor --gen-ctf build/bench/gen_ctf \
+           --work /tmp/scaling [--threads 1,2,4,8] [--reps 3] [--scale 1.0]
+Standard library only (no numpy), so that it runs under any python3.
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KALDI = os.path.join(REPO, "tests", "data", "kaldi")
+AN4 = os.path.join(REPO, "tests", "data", "cntk", "HTK", "an4_first3_reconstructed")
+
+
+def run(cmd, **kw):
+    subprocess.run(cmd, check=True, **kw)
+
+
+def make_htk(work, copies):
+    """One archive of the three an4 utterances tiled `copies` times (one HTK header), an scp
+    with a [s,e] range per utterance and a renamed copy of the MLF for each tile."""
+    with open(os.path.join(AN4, "an4_first3.htk"), "rb") as f:
+        raw = f.read()
+    n, period, size, kind = struct.unpack(">iihh", raw[:12])
+    frames = raw[12:]
+    assert len(frames) == n * size, "an4 archive: header and size disagree"
+    with open(os.path.join(work, "big.htk"), "wb") as f:
+        f.write(struct.pack(">iihh", n * copies, period, size, kind))
+        for _ in range(copies):
+            f.write(frames)
+    scp = open(os.path.join(AN4, "an4_first3.scp")).read().split()
+    mlf = open(os.path.join(AN4, "an4_first3.mlf")).read().split("\n")
+    assert mlf[0] == "#!MLF!#"
+    with open(os.path.join(work, "big.scp"), "w") as s, open(os.path.join(work, "big.mlf"), "w") as m:
+        m.write("#!MLF!#\n")
+        for c in range(copies):
+            for line in scp:
+                name, rng = line.split("=")
+                first, last = (int(v) for v in rng[rng.index("[") + 1:-1].split(","))
+                base = f"t{c}_" + os.path.basename(name)
+                s.write(f"{base}=big.htk[{first + c * n},{last + c * n}]\n")
+            for line in mlf[1:]:
+                if line.startswith('"'):
+                    line = '"t%d_%s"' % (c, os.path.basename(line.strip('"')))
+                if line:
+                    m.write(line + "\n")
+    shutil.copy(os.path.join(AN4, "state.list"), work)
+    return len(frames) * copies
+
+
+def concat(src, dst, times):
+    with open(src, "rb") as f:
+        data = f.read()
+    with open(dst, "wb") as f:
+        for _ in range(times):
+            f.write(data)
+
+
+def config(work):
+    k = lambda f: (f"{{type: KaldiTable, rspecifier: \"ark:{work}/{f}\", chunkSizeInBytes: 2000000, "
+                   "input: {features: {}}}")
+    htk = lambda window: (
+        f"{{type: HTKFeature, input: {{x: {{scpFile: \"{work}/big.scp\", dim: {33 * window}"
+        + (f", contextWindow: {window}" if window > 1 else "") + "}}}, "
+        f"{{type: HTKMLF, input: {{y: {{mlfFile: \"{work}/big.mlf\", labelMappingFile: \"{work}/state.list\", "
+        "labelDim: 132}}}")
+    ctf = {"dense": "{x: {dim: 100, format: dense}, y: {dim: 1, format: dense}}",
+           "sparse": "{q: {dim: 50000, format: sparse}, d: {dim: 50000, format: sparse}}"}
+    ds = {
+        "ctf_dense": f"{{type: CNTKTextFormat, file: {work}/dense.ctf, input: {ctf['dense']}}}",
+        "ctf_sparse": f"{{type: CNTKTextFormat, file: {work}/sparse.ctf, input: {ctf['sparse']}}}",
+        "cbf_dense": f"{{type: CNTKBinary, file: {work}/dense.cbf}}",
+        "cbf_sparse": f"{{type: CNTKBinary, file: {work}/sparse.cbf}}",
+        "htk": htk(1),
+        "htk_win": htk(11),
+        "k_feats": k("feats.ark"),
+        "k_cm": k("cm.ark"),
+        "k_cm2": k("cm2.ark"),
+        "k_cm3": k("cm3.ark"),
+    }
+    lines = ["datasets:"]
+    for name, body in ds.items():
+        lines += [f"  {name}:", "    randomize: false", "    cacheIndex: true",
+                  f"    deserializers: [{body}]"]
+    return "\n".join(lines) + "\n"
+
+
+EPOCHS = {"ctf_dense": 1, "ctf_sparse": 1, "cbf_dense": 10, "htk": 10, "k_feats": 10,
+          "htk_win": 2, "k_cm": 3, "k_cm2": 3, "k_cm3": 3, "cbf_sparse": 5}
+
+
+def bench(conveyor, cfg, dataset, threads, epochs):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    out = subprocess.run([conveyor, "bench", cfg, "--dataset", dataset, "--threads", str(threads),
+                          "--minibatch-size", "4096", "--epochs", str(epochs), "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    summary = json.loads(out.strip().splitlines()[-1])
+    return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--conveyor", required=True)
+    ap.add_argument("--gen-ctf", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--threads", default="1,2,4,8")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0, help="dataset sizes relative to RESULTS.md's")
+    ap.add_argument("--datasets", default=",".join(EPOCHS))
+    ap.add_argument("--epoch-factor", type=int, default=1,
+                    help="epochs of each run times this (the first epoch maps its memory new: more epochs "
+                         "show the steady state)")
+    args = ap.parse_args()
+    conveyor = os.path.abspath(args.conveyor)
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    t0 = time.monotonic()
+    s = args.scale
+    cfg = os.path.join(work, "scaling.yaml")
+    marker = os.path.join(work, f"made-at-scale-{s}")
+    if not os.path.exists(marker):  # a second call with the same --work and --scale reuses the data
+        run([args.gen_ctf, "dense", str(int(268435456 * s)), f"{work}/dense.ctf"], stdout=subprocess.DEVNULL)
+        run([args.gen_ctf, "sparse", str(int(134217728 * s)), f"{work}/sparse.ctf"], stdout=subprocess.DEVNULL)
+        with open(cfg, "w") as f:
+            f.write(config(work))
+        for kind in ("dense", "sparse"):
+            run([conveyor, "convert", f"{work}/{kind}.ctf", f"{work}/{kind}.cbf", "--config", cfg,
+                 "--dataset", f"ctf_{kind}", "--chunk-size", "8388608"], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+        times = max(1, int(600 * s))
+        concat(f"{KALDI}/feats.ark", f"{work}/feats.ark", times)
+        concat(f"{KALDI}/cm_auto.ark", f"{work}/cm.ark", times)
+        concat(f"{KALDI}/cm_2byte_auto.ark", f"{work}/cm2.ark", times)
+        concat(f"{KALDI}/cm_1byte_auto.ark", f"{work}/cm3.ark", times)
+        make_htk(work, max(1, int(700 * s)))
+
+        open(marker, "w").close()
+    print(f"data made in {time.monotonic() - t0:.1f} s; {os.cpu_count()} cores", flush=True)
+    threads = [int(t) for t in args.threads.split(",")]
+    datasets = args.datasets.split(",")
+    rates = {}
+    for d in datasets:
+        bench(conveyor, cfg, d, 2, 1)  # warm-up: index built and cached, pages in memory
+        for _ in range(args.reps):
+            for t in threads:
+                rates.setdefault((d, t), []).append(bench(conveyor, cfg, d, t, EPOCHS[d] * args.epoch_factor))
+    print(f"\n`conveyor bench --minibatch-size 4096`, epochs x{args.epoch_factor}, MB/s of input, median (min-max) "
+          f"of {args.reps}; cpu = CPU time over wall time")
+    print("dataset     " + "".join(f"{'--threads ' + str(t):>26}" for t in threads)
+          + "".join(f"{str(t) + ' vs 1':>9}" for t in threads[1:]))
+    for d in datasets:
+        row, med = f"{d:<12}", {}
+        for t in threads:
+            mbs = [r[0] for r in rates[(d, t)]]
+            cpu = statistics.median(r[1] for r in rates[(d, t)])
+            med[t] = statistics.median(mbs)
+            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f}) cpu {cpu:4.1f}"
+        row += "".join(f"{med[t] / med[threads[0]]:>9.2f}" for t in threads[1:])
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
