@@ -21,8 +21,10 @@ namespace conveyor {
 class AssemblyHelpers {
  public:
   virtual ~AssemblyHelpers() = default;
-  // Threads that could help now (idle ones; 0: the assembler works alone).
-  virtual int idle() const = 0;
+  // Threads that may take ranges of a batch now (0: the assembler works alone, at once).
+  // A helper that is busy takes its ranges when it gets to them; whoever waits for the batch
+  // runs the ranges still untaken, so a busy helper never delays a batch.
+  virtual int available() const = 0;
   // Runs `job` on one of the threads, after the jobs submitted before it.
   virtual void Submit(std::function<void()> job) = 0;
 };

@@ -606,10 +606,10 @@ class CpuAssembler final : public BatchAssembler {
   }
 
   // Threads for `plan`'s batch, the caller's included: helpers only for batches worth
-  // splitting, and only as many as are idle now.
+  // splitting, and only as many as are available now.
   int Workers(const BatchPlan& plan) const {
     if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
-    return 1 + std::max(0, std::min(helpers_->idle(), options_.max_helpers));
+    return 1 + std::max(0, std::min(helpers_->available(), options_.max_helpers));
   }
 
   // Runs task(0..n-1): on the calling thread alone, or with `workers` - 1 helpers.

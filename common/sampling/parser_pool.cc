@@ -1,11 +1,26 @@
 #include "common/sampling/parser_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 namespace conveyor {
+namespace {
 
-ParserPool::ParserPool(int threads) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Run(); });
+// The cores this process may run on: its affinity mask (taskset, a cpuset), else the machine's.
+int ProcessCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+ParserPool::ParserPool(int threads, int cores) {
+  threads = std::max(1, threads);
+  spare_cores_ = (cores > 0 ? cores : ProcessCores()) >= threads + 2;
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
 
 ParserPool::~ParserPool() {

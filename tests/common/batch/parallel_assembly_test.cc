@@ -39,7 +39,7 @@ class TestHelpers final : public AssemblyHelpers {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  int idle() const override { return static_cast<int>(threads_.size()); }
+  int available() const override { return static_cast<int>(threads_.size()); }
   void Submit(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mu_);

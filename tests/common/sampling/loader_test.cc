@@ -5,6 +5,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -256,7 +257,8 @@ TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
 // Parser threads that help assemble (every batch split, ranges of one piece: the CPU
 // assembler's thresholds at their lowest) deliver the bytes the assembler gives alone, by
 // Next(), by RunPipelined with two batches in flight and by RunWithOwnBuffers, for any
-// number of threads: dense, sparse as CSC, CSR and dense, in sequences.
+// number of threads, and from a shared pool whose every thread helps, busy or not (a machine
+// with cores to spare): dense, sparse as CSC, CSR and dense, in sequences.
 TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
   std::string data;
   for (int i = 0; i < 300; ++i) {
@@ -287,9 +289,16 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
     split.min_parallel_bytes = 0;
     split.range_bytes = 1;
     for (int threads : {1, 2, 4}) {
-      for (int way = 0; way < 3; ++way) {
+      for (int way = 0; way < 4; ++way) {
         SCOPED_TRACE(::testing::Message() << threads << " threads, way " << way);
         lo.threads = threads;
+        // Way 3: a shared pool on a machine of 64 cores, where all its threads help.
+        std::unique_ptr<ParserPool> shared;
+        if (way == 3) {
+          shared = std::make_unique<ParserPool>(threads, /*cores=*/64);
+          ASSERT_EQ(shared->available(), threads);
+        }
+        lo.pool = shared.get();
         auto cpu = MakeCpuAssembler(split);
         auto loader = Loader::Create(ds->get(), cpu.get(), lo);
         ASSERT_TRUE(loader.ok());
@@ -318,6 +327,7 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
         } else {
           ASSERT_TRUE(RunWithOwnBuffers(loader->get(), keep).ok());
         }
+        loader->reset();  // before the shared pool it uses
         ASSERT_EQ(got.size(), want.size());
         for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "batch " << i;
       }
@@ -589,6 +599,27 @@ TEST(ParserPool, RunsEveryJobOnAtMostItsThreads) {
   }  // the destructor runs what was submitted
   EXPECT_EQ(done.load(), 12);
   EXPECT_EQ(most.load(), 2);
+}
+
+// The threads a pool offers an assembler: all of them where the process has a core for each
+// and two more (busy ones take their ranges when done), else only those idle now.
+TEST(ParserPool, OffersBusyThreadsToAssembleOnlyWithCoresToSpare) {
+  std::atomic<bool> release{false};
+  std::atomic<int> started{0};
+  auto block = [&] {
+    ++started;
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ParserPool roomy(2, /*cores=*/4), tight(2, /*cores=*/3);
+  EXPECT_EQ(roomy.available(), 2);
+  EXPECT_EQ(tight.available(), 2);  // both idle
+  roomy.Submit(block);
+  tight.Submit(block);
+  while (started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(roomy.available(), 2);
+  EXPECT_EQ(tight.available(), 1);
+  EXPECT_EQ(tight.idle(), 1);
+  release = true;
 }
 
 // Several loaders (different seeds) share a one-thread pool: each still delivers exactly
