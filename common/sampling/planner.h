@@ -135,8 +135,9 @@ class Planner {
   // Whether this rank takes `u`, the `unit`-th unit of the minibatch being planned. Inline:
   // the planner asks for every unit, and only the balanced distribution needs state.
   bool TakesUnit(const Unit& u, uint64_t unit) {
+    if (options_.world == 1) return true;  // (no division per unit: the common case)
     if (options_.distribution == Distribution::kChunks) return u.position % options_.world == options_.rank;
-    return options_.world == 1 || TakesBalancedUnit(u, unit);
+    return TakesBalancedUnit(u, unit);
   }
   bool TakesBalancedUnit(const Unit& u, uint64_t unit);
   std::optional<PlannedBatch> NextFrameOrSequence();
