@@ -160,6 +160,9 @@ def main():
     print(f"data made in {time.monotonic() - t0:.1f} s; {os.cpu_count()} cores", flush=True)
     threads = [int(t) for t in args.threads.split(",")]
     datasets = args.datasets.split(",")
+    unknown = [d for d in datasets if d not in EPOCHS]
+    if unknown:
+        ap.error(f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(EPOCHS)}")
     rates = {}
     for d in datasets:
         bench(conveyor, cfg, d, 2, 1)  # warm-up: index built and cached, pages in memory
@@ -169,7 +172,7 @@ def main():
     print(f"\n`conveyor bench --minibatch-size 4096`, epochs x{args.epoch_factor}, MB/s of input, median (min-max) "
           f"of {args.reps}; cpu = CPU time over wall time")
     print("dataset     " + "".join(f"{'--threads ' + str(t):>26}" for t in threads)
-          + "".join(f"{str(t) + ' vs 1':>9}" for t in threads[1:]))
+          + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
     for d in datasets:
         row, med = f"{d:<12}", {}
         for t in threads:

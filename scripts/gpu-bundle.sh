@@ -9,7 +9,8 @@
 # travels with the working tree. Carry build/gpu-bundle.tar.xz (the bundle stripped and
 # compressed: the working tree and what it carries must stay under 64 MiB) and run, from the
 # repository root, `tar xJf build/gpu-bundle.tar.xz -C build && bash build/gpu-bundle/run.sh`.
-# Every step of run.sh has a timeout, so that its summary comes within one device lease.
+# Every step of run.sh has a timeout, and all of them one deadline (CONVEYOR_GPU_DEADLINE_S,
+# 480 s: a device command may run 600 s), so that its summary comes within one device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/tests/conveyor_gpu_tests && -x build/bench/gpu_bench ]] || {
@@ -49,11 +50,20 @@ export CONVEYOR_PYTHON_CLIENT="${CONVEYOR_PYTHON_CLIENT:-$here/../../client/pyth
 export CONVEYOR_REQUIRE_GPU=1
 out="${OUT:-/tmp}"
 rc=0
+# step CAP CMD...: CMD under a timeout of CAP seconds, or less: what is left of the deadline.
+# Exit status 124 when it timed out (or no time was left), as timeout(1) says.
+deadline="${CONVEYOR_GPU_DEADLINE_S:-480}"
+step() {
+  local cap=$1 left=$(( deadline - SECONDS ))
+  shift
+  (( left < 5 )) && { echo "run.sh: no time left for: $*" >&2; return 124; }
+  timeout -k 5 "$(( cap < left ? cap : left ))" "$@"
+}
 summary=()
 device="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -4 | paste -sd';')"
 echo "$device"
 summary+=("device: $device")
-timeout 180 "$here/conveyor_gpu_tests" >"$out/gpu_tests.log" 2>&1
+step 180 "$here/conveyor_gpu_tests" >"$out/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -25 "$out/gpu_tests.log"
 passed="$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/gpu_tests.log" | grep -oE '[0-9]+$' || echo 0)"
@@ -62,17 +72,17 @@ skipped="$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?' "$out/gpu_tests.log" | grep 
 if [[ $tests_rc == 0 ]]; then
   summary+=("GPU tests: ${passed:-0} passed, ${skipped:-0} skipped (skips allowed: a second device, python3), 0 failed")
 else
-  summary+=("GPU tests: FAILED (${failed:-?} failed, ${passed:-0} passed; $out/gpu_tests.log)"); rc=1
+  summary+=("GPU tests: FAILED ($([[ $tests_rc == 124 ]] && echo 'timed out, ')${failed:-?} failed, ${passed:-0} passed; $out/gpu_tests.log)"); rc=1
 fi
 # The transports' memory page-locked for the CUDA assembler (a test of the server's, which
 # links gRPC: bundled with the daemon's libraries).
-if [[ -x "$here/transport_test" ]] && timeout 60 "$here/transport_test" --gtest_filter='TransportGpu*' >"$out/transport_gpu.log" 2>&1 \
+if [[ -x "$here/transport_test" ]] && step 60 "$here/transport_test" --gtest_filter='TransportGpu*' >"$out/transport_gpu.log" 2>&1 \
     && grep -q '^\[  PASSED  \] 1 test' "$out/transport_gpu.log"; then
   summary+=("transports' memory page-locked for --assembler cuda (inline, shm): passed")
 else
   summary+=("transports' memory page-locked for --assembler cuda: FAILED ($out/transport_gpu.log)"); rc=1
 fi
-if timeout 150 "$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" >"$out/gpu_bench.log" 2>&1; then
+if step 150 "$here/gpu_bench" --json --examples "$here/examples/conveyor.yaml" >"$out/gpu_bench.log" 2>&1; then
   grep -v '^SUMMARY' "$out/gpu_bench.log"
   while IFS= read -r line; do summary+=("${line#SUMMARY }"); done < <(grep '^SUMMARY' "$out/gpu_bench.log")
 else
@@ -88,8 +98,8 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   daemon=$!
   for _ in $(seq 100); do [[ -s "$port" ]] && break; sleep 0.1; done
   args=(--dataset sequences --minibatch-size 30 --randomize on --seed 2)
-  timeout 60 "$here/conveyor" dump "$here/examples/conveyor.yaml" "${args[@]}" >"$out/ipc_local.txt"
-  timeout 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport cuda "${args[@]}" >"$out/ipc_cuda.txt" 2>"$out/ipc_cuda.err"
+  step 60 "$here/conveyor" dump "$here/examples/conveyor.yaml" "${args[@]}" >"$out/ipc_local.txt"
+  step 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport cuda "${args[@]}" >"$out/ipc_cuda.txt" 2>"$out/ipc_cuda.err"
   if cmp -s "$out/ipc_local.txt" "$out/ipc_cuda.txt" && [[ -s "$out/ipc_local.txt" ]]; then
     summary+=("CUDA IPC end to end: subscribe --dump equals the local dump ($(wc -l <"$out/ipc_local.txt") lines)")
   else
@@ -100,7 +110,7 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   # page-locked and copied into asynchronously; the dumps must equal the local one too, and
   # no page-locking may have failed (the daemon warns once per stream when it does).
   for transport in shm inline; do
-    timeout 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport "$transport" "${args[@]}" >"$out/host_$transport.txt" \
+    step 60 "$here/conveyor" subscribe "unix:$sock" --dump --transport "$transport" "${args[@]}" >"$out/host_$transport.txt" \
       2>"$out/host_$transport.err"
     if cmp -s "$out/ipc_local.txt" "$out/host_$transport.txt"; then
       summary+=("--assembler cuda into $transport: subscribe --dump equals the local dump")
@@ -110,7 +120,7 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   done
   for transport in cuda shm inline; do
     echo "bench sparse, transport $transport:"
-    timeout 60 "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
+    step 60 "$here/conveyor" bench "unix:$sock" --dataset sparse --transport "$transport" --epochs 200 --minibatch-size 2000 \
       --credits 8 2>&1 | tee "$out/bench_$transport.txt"
     figure="$(grep -m1 -E 'batches/s' "$out/bench_$transport.txt" | sed 's/^ *//')"
     [[ -n $figure ]] || rc=1
@@ -126,7 +136,10 @@ if [[ -x "$here/conveyord" ]] && "$here/conveyor" --help >/dev/null 2>&1; then
   else
     summary+=("page-locking shm/inline memory: every segment and buffer locked (batches copied back by DMA)")
   fi
-  kill "$daemon"; wait "$daemon" 2>/dev/null
+  kill "$daemon"
+  for _ in $(seq 150); do kill -0 "$daemon" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$daemon" 2>/dev/null && summary+=("conveyord did not stop within 15 s of SIGTERM: killed") && rc=1
+  wait "$daemon" 2>/dev/null
 else
   summary+=("CUDA IPC end to end: FAILED (the bundled conveyord/conveyor do not start here)"); rc=1
   "$here/conveyor" --help 2>&1 | head -3
@@ -135,7 +148,7 @@ fi
 # The child halves spawned by the IPC and Python tests are left out: they are processes of their own.
 filter='*Gpu*:AssemblerEquivalence/1*:AssemblerEquivalence/2*-*ChildHalf:*PythonClient*'
 for tool in memcheck racecheck; do
-  if timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter="$filter" \
+  if step 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$here/conveyor_gpu_tests" --gtest_filter="$filter" \
       >"$out/sanitizer_$tool.log" 2>&1; then
     summary+=("compute-sanitizer $tool: clean ($(grep -oE '^\[  PASSED  \] [0-9]+ tests' "$out/sanitizer_$tool.log"))")
   else
@@ -153,7 +166,8 @@ chmod +x "$out/run.sh"
 # The device's working tree travels with a 64 MiB limit (tests/data alone is ~55 MB): the
 # bundle travels stripped and compressed (~9 MB). On the device machine:
 #   tar xJf build/gpu-bundle.tar.xz -C build && bash build/gpu-bundle/run.sh
-strip --strip-unneeded "$out"/lib/* "$out"/conveyor_gpu_tests "$out"/gpu_bench \
+# (conveyor_gpu_tests keeps its symbols: compute-sanitizer's host backtraces name them.)
+strip --strip-unneeded "$out"/lib/* "$out"/gpu_bench \
   "$out"/conveyord "$out"/conveyor "$out"/transport_test 2>/dev/null || true
 tar -C build -cJf build/gpu-bundle.tar.xz gpu-bundle
 du -sh "$out" build/gpu-bundle.tar.xz

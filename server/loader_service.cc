@@ -14,8 +14,10 @@ constexpr size_t kMaxName = 256;
 
 std::unique_ptr<ParserPool> OwnPool(const ServiceOptions& o) {
   if (o.parser_pool != nullptr) return nullptr;
-  return std::make_unique<ParserPool>(o.parser_threads > 0 ? o.parser_threads
-                                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  // Shared by every subscription: its busy threads are not offered to assemble (parser_pool.h).
+  return std::make_unique<ParserPool>(
+      o.parser_threads > 0 ? o.parser_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+      /*cores=*/0, /*shared=*/true);
 }
 
 }  // namespace

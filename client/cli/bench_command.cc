@@ -203,7 +203,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "parser threads) and CPU batch assembly without printing batches, and report the rates "
       "next to a memchr scan of the same file; or, given a daemon address, the rate a "
       "subscription receives batches at. With --json only the summary line "
-      "{\"bytes\": B, \"seconds\": S, \"samples\": N, \"batches\": M} is printed.");
+      "{\"bytes\": B, \"seconds\": S, \"samples\": N, \"batches\": M, ...} is printed (locally also "
+      "blocks_mapped_new, blocks_reused and blocks_mb: the parsed chunks' memory, new and reused; "
+      "from a daemon, inline_parts and inline_parts_in_pieces).");
   cmd->add_option("config", args->config,
                   "Configuration file (YAML, JSON or a CNTK reader block), or a daemon address "
                   "(host:port or unix:/path) to measure streaming from it")->required();

@@ -412,7 +412,10 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
 
 // Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
 // runs once. A job that starts after the last task was taken returns at once, so Join()
-// never waits for a helper busy with other work, only for tasks already running.
+// never waits for a helper busy with other work, only for tasks already running. Such a late
+// job may run after Join() returned and the task's state (a BatchWork, or the caller's
+// frame) is gone: it holds the group (shared_ptr), finds next_ == n_ under the lock and never
+// calls task_, so nothing the task refers to may be touched outside task_.
 class TaskGroup {
  public:
   TaskGroup(size_t n, std::function<void(size_t)> task) : n_(n), task_(std::move(task)) {}
@@ -543,8 +546,9 @@ class CpuAssembler final : public BatchAssembler {
     return absl::OkStatus();
   }
 
-  // With helpers idle: the batch's ranges are handed to them and Begin() returns; otherwise
-  // (or for narrowed values) the batch is assembled at once.
+  // With helpers available (idle ones, or busy ones where cores are spare: parser_pool.h),
+  // the batch's ranges are handed to them and Begin() returns; otherwise (or for narrowed
+  // values) the batch is assembled at once.
   absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                                  absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));

@@ -3,23 +3,46 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace conveyor {
 namespace {
 
-// The cores this process may run on: its affinity mask (taskset, a cpuset), else the machine's.
+// Whole CPUs of this process's cgroup quota (v2 cpu.max, else v1's cfs quota and period), or
+// 0 when it has none.
+int CgroupCpus() {
+  double quota = -1, period = 0;
+  std::ifstream v2("/sys/fs/cgroup/cpu.max");
+  std::string q;
+  if (v2 >> q >> period) {
+    if (q == "max") return 0;
+    quota = std::atof(q.c_str());
+  } else {
+    std::ifstream qf("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), pf("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (!(qf >> quota) || !(pf >> period)) return 0;
+  }
+  if (quota <= 0 || period <= 0) return 0;
+  return std::max(1, static_cast<int>(quota / period));
+}
+
+// The cores this process may run on: its affinity mask (taskset, a cpuset), else the machine's,
+// at most its cgroup's CPU quota (docker --cpus, a Kubernetes limit).
 int ProcessCores() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  if (const int quota = CgroupCpus(); quota > 0) cores = std::min(cores, quota);
+  return cores;
 }
 
 }  // namespace
 
-ParserPool::ParserPool(int threads, int cores) {
+ParserPool::ParserPool(int threads, int cores, bool shared) {
   threads = std::max(1, threads);
-  spare_cores_ = (cores > 0 ? cores : ProcessCores()) >= threads + 2;
+  spare_cores_ = !shared && (cores > 0 ? cores : ProcessCores()) >= threads + 2;
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
 

@@ -27,9 +27,11 @@ namespace conveyor {
 
 class ParserPool final : public AssemblyHelpers {
  public:
-  // Starts `threads` (>= 1) threads. `cores`: the cores this process may run on (0: those
-  // of its CPU affinity mask, sched_getaffinity), which decide available().
-  explicit ParserPool(int threads, int cores = 0);
+  // Starts `threads` (>= 1) threads. `cores`: the cores this process may run on, which decide
+  // available() (0: its CPU affinity mask, sched_getaffinity, capped by its cgroup's CPU
+  // quota, cpu.max). `shared`: a pool many loaders use (the daemon's), whose threads are
+  // never offered busy: its subscriptions' loader threads need the spare cores.
+  explicit ParserPool(int threads, int cores = 0, bool shared = false);
   // Runs the jobs already submitted, then joins the threads.
   ~ParserPool() override;
   ParserPool(const ParserPool&) = delete;
@@ -44,7 +46,7 @@ class ParserPool final : public AssemblyHelpers {
   // Threads neither running a job nor owed one.
   int idle() const;
   // AssemblyHelpers: every thread when the process has cores to spare for all of them (at
-  // least threads() + 2), else the idle ones.
+  // least threads() + 2, and the pool not shared), else the idle ones.
   int available() const override { return spare_cores_ ? threads() : idle(); }
 
  private:

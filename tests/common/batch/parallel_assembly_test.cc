@@ -184,6 +184,59 @@ TEST(ParallelAssembly, CompressedMatricesDecodeTheSameOnAnyNumberOfThreads) {
   }
 }
 
+// Helpers that are all busy: they offer themselves (as a pool with cores to spare does) but
+// run nothing until told, so every range is the waiting thread's, and their jobs run late:
+// after Wait() returned, after the assembler and the batch's state are gone (under ASan a
+// late job touching them would be reported).
+class BusyHelpers final : public AssemblyHelpers {
+ public:
+  int available() const override { return 4; }
+  void Submit(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
+  size_t RunLate() {
+    const size_t n = jobs_.size();
+    for (auto& job : jobs_) job();
+    jobs_.clear();
+    return n;
+  }
+
+ private:
+  std::vector<std::function<void()>> jobs_;
+};
+
+TEST(ParallelAssembly, BusyHelpersDelayNoBatchAndTheirLateJobsTouchNothing) {
+  for (const CaseSpec& spec : StandardCases()) {
+    SCOPED_TRACE(spec.name);
+    auto c = MakeBatchCase(spec, 31);
+    auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<std::byte> want(plan->total_bytes, std::byte{0xAB});
+    ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, c.pieces, absl::MakeSpan(want)).ok());
+    BusyHelpers helpers;
+    {
+      CpuAssemblerOptions o;
+      o.min_parallel_bytes = 0;
+      o.range_bytes = 1;
+      auto cpu = MakeCpuAssembler(o);
+      cpu->set_helpers(&helpers);
+      std::vector<std::vector<std::byte>> outs(2, std::vector<std::byte>(plan->total_bytes, std::byte{0xCD}));
+      std::vector<uint64_t> fences;
+      for (auto& out : outs) {
+        auto f = cpu->Begin(*plan, c.pieces, absl::MakeSpan(out));
+        ASSERT_TRUE(f.ok()) << f.status();
+        fences.push_back(*f);
+      }
+      for (size_t i = 0; i < outs.size(); ++i) {
+        ASSERT_TRUE(cpu->Wait(fences[i]).ok());  // no helper ran: the waiting thread did it all
+        ASSERT_EQ(outs[i], want) << "batch " << i;
+      }
+      std::vector<std::byte> once(plan->total_bytes, std::byte{0xCD});
+      ASSERT_TRUE(cpu->Assemble(*plan, c.pieces, absl::MakeSpan(once)).ok());
+      ASSERT_EQ(once, want);
+    }  // the assembler, its batches' work and the outputs are gone
+    EXPECT_GT(helpers.RunLate(), 0u);
+  }
+}
+
 // Small batches stay on the calling thread; a batch worth splitting goes to the helpers.
 TEST(ParallelAssembly, OnlyBatchesWorthSplittingUseHelpers) {
   auto c = MakeBatchCase(StandardCases().front(), 1);
