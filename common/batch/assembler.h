@@ -21,10 +21,13 @@ namespace conveyor {
 class AssemblyHelpers {
  public:
   virtual ~AssemblyHelpers() = default;
-  // Threads that may take ranges of a batch now (0: the assembler works alone, at once).
-  // A helper that is busy takes its ranges when it gets to them; whoever waits for the batch
-  // runs the ranges still untaken, so a busy helper never delays a batch.
-  virtual int available() const = 0;
+  // Threads idle now: the helpers worth asking for work that is joined at once.
+  virtual int idle() const = 0;
+  // Threads that may take ranges of a batch joined later (Begin(), then Wait()): the idle
+  // ones, or more (parser_pool.h). A helper that is busy takes its ranges when it gets to
+  // them; whoever waits for the batch runs the ranges still untaken, so a busy helper never
+  // delays a batch.
+  virtual int available() const { return idle(); }
   // Runs `job` on one of the threads, after the jobs submitted before it.
   virtual void Submit(std::function<void()> job) = 0;
 };

@@ -527,7 +527,7 @@ class CpuAssembler final : public BatchAssembler {
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
-    const int workers = Workers(plan);
+    const int workers = WorkersNow(plan);  // joined at once: idle helpers only
     auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
     if (!NarrowsValues(plan)) {
       AssembleInto(plan, pieces, dst.data(), workers, run);
@@ -558,7 +558,10 @@ class CpuAssembler final : public BatchAssembler {
     if (workers == 1 || NarrowsValues(plan)) {
       b.status = Assemble(plan, pieces, dst);
     } else {
-      auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
+      // The batch's own setup (gaps, lengths, zeroing) is joined at once: idle helpers only;
+      // its ranges are cut for `workers` and joined at Wait().
+      const int now = WorkersNow(plan);
+      auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(now, n, task); };
       std::shared_ptr<void> work;
       std::function<void(size_t)> task;
       size_t n = 0;
@@ -610,10 +613,16 @@ class CpuAssembler final : public BatchAssembler {
   }
 
   // Threads for `plan`'s batch, the caller's included: helpers only for batches worth
-  // splitting, and only as many as are available now.
+  // splitting, and only as many as are available now (work joined later: Begin()).
   int Workers(const BatchPlan& plan) const {
     if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
     return 1 + std::max(0, std::min(helpers_->available(), options_.max_helpers));
+  }
+  // The same for work joined at once: idle helpers only (a busy one could not help before
+  // the join, and its job would only wait in its queue).
+  int WorkersNow(const BatchPlan& plan) const {
+    if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
+    return 1 + std::max(0, std::min(helpers_->idle(), options_.max_helpers));
   }
 
   // Runs task(0..n-1): on the calling thread alone, or with `workers` - 1 helpers.

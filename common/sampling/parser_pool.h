@@ -43,8 +43,8 @@ class ParserPool final : public AssemblyHelpers {
   size_t queued() const;
   size_t busy() const;
 
-  // Threads neither running a job nor owed one.
-  int idle() const;
+  // AssemblyHelpers: threads neither running a job nor owed one.
+  int idle() const override;
   // AssemblyHelpers: every thread when the process has cores to spare for all of them (at
   // least threads() + 2, and the pool not shared), else the idle ones.
   int available() const override { return spare_cores_ ? threads() : idle(); }

@@ -39,7 +39,7 @@ class TestHelpers final : public AssemblyHelpers {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  int available() const override { return static_cast<int>(threads_.size()); }
+  int idle() const override { return static_cast<int>(threads_.size()); }
   void Submit(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -190,6 +190,7 @@ TEST(ParallelAssembly, CompressedMatricesDecodeTheSameOnAnyNumberOfThreads) {
 // late job touching them would be reported).
 class BusyHelpers final : public AssemblyHelpers {
  public:
+  int idle() const override { return 0; }
   int available() const override { return 4; }
   void Submit(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
   size_t RunLate() {
