@@ -527,7 +527,7 @@ class CpuAssembler final : public BatchAssembler {
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
-    const int workers = WorkersNow(plan);  // joined at once: idle helpers only
+    const int workers = Workers(plan, /*now=*/true);  // joined at once: idle helpers only
     auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
     if (!NarrowsValues(plan)) {
       AssembleInto(plan, pieces, dst.data(), workers, run);
@@ -560,7 +560,7 @@ class CpuAssembler final : public BatchAssembler {
     } else {
       // The batch's own setup (gaps, lengths, zeroing) is joined at once: idle helpers only;
       // its ranges are cut for `workers` and joined at Wait().
-      const int now = WorkersNow(plan);
+      const int now = Workers(plan, /*now=*/true);
       auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(now, n, task); };
       std::shared_ptr<void> work;
       std::function<void(size_t)> task;
@@ -613,16 +613,12 @@ class CpuAssembler final : public BatchAssembler {
   }
 
   // Threads for `plan`'s batch, the caller's included: helpers only for batches worth
-  // splitting, and only as many as are available now (work joined later: Begin()).
-  int Workers(const BatchPlan& plan) const {
+  // splitting, and only as many as are available now for work joined later (Begin(), then
+  // Wait()), or, `now`, idle now for work joined at once (a busy helper could not help before
+  // the join; its job would only wait in its queue).
+  int Workers(const BatchPlan& plan, bool now = false) const {
     if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
-    return 1 + std::max(0, std::min(helpers_->available(), options_.max_helpers));
-  }
-  // The same for work joined at once: idle helpers only (a busy one could not help before
-  // the join, and its job would only wait in its queue).
-  int WorkersNow(const BatchPlan& plan) const {
-    if (helpers_ == nullptr || plan.total_bytes < options_.min_parallel_bytes) return 1;
-    return 1 + std::max(0, std::min(helpers_->idle(), options_.max_helpers));
+    return 1 + std::max(0, std::min(now ? helpers_->idle() : helpers_->available(), options_.max_helpers));
   }
 
   // Runs task(0..n-1): on the calling thread alone, or with `workers` - 1 helpers.
