@@ -41,16 +41,22 @@ uint64_t DatasetRegistry::ResidentBytes() const {
   return total;
 }
 
-void DatasetRegistry::SetRetainedBytes(uint64_t bytes) const {
-  if (datasets_.empty()) return;
-  for (const auto& [name, ds] : datasets_) ds->SetRetainedBytes(bytes / datasets_.size());
+void DatasetRegistry::SetRetainedBytes(uint64_t bytes, uint64_t keep_bytes) const {
+  uint64_t shared = 0;
+  for (const auto& [name, ds] : datasets_) shared += ds->config().keep_data_in_memory ? 0 : 1;
+  for (const auto& [name, ds] : datasets_) {
+    ds->SetRetainedBytes(ds->config().keep_data_in_memory ? keep_bytes : bytes / shared);
+  }
 }
 
-uint64_t DatasetRegistry::DropRetained(uint64_t bytes) const {
+uint64_t DatasetRegistry::DropRetained(uint64_t bytes, bool kept_too) const {
   uint64_t dropped = 0;
-  for (const auto& [name, ds] : datasets_) {
-    if (dropped >= bytes) break;
-    dropped += ds->DropRetained(bytes - dropped);
+  for (const bool keep : {false, true}) {  // chunks kept only for readers to come go first
+    if (keep && !kept_too) break;
+    for (const auto& [name, ds] : datasets_) {
+      if (dropped >= bytes) return dropped;
+      if (ds->config().keep_data_in_memory == keep) dropped += ds->DropRetained(bytes - dropped);
+    }
   }
   return dropped;
 }

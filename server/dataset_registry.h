@@ -27,10 +27,13 @@ class DatasetRegistry {
   // Heap bytes of the parsed chunks every dataset holds right now (the daemon's chunk cache).
   uint64_t ResidentBytes() const;
   // Recently used chunks kept after their last reader (Dataset::SetRetainedBytes): `bytes`
-  // for all datasets together, shared evenly.
-  void SetRetainedBytes(uint64_t bytes) const;
-  // Drops retained chunks of every dataset until `bytes` are dropped; returns the bytes dropped.
-  uint64_t DropRetained(uint64_t bytes) const;
+  // for all datasets together, shared evenly among those without keepDataInMemory; a
+  // dataset with keepDataInMemory may keep up to `keep_bytes` (the chunk cache's budget: all
+  // of it, parsed once for every subscription to come).
+  void SetRetainedBytes(uint64_t bytes, uint64_t keep_bytes) const;
+  // Drops retained chunks until `bytes` are dropped, those of datasets without
+  // keepDataInMemory first; returns the bytes dropped. `kept_too` false: only theirs.
+  uint64_t DropRetained(uint64_t bytes, bool kept_too = true) const;
 
  private:
   std::map<std::string, std::shared_ptr<const Dataset>> datasets_;

@@ -32,8 +32,13 @@ LoaderService::LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceO
       chunk_cache_bytes_(options_.chunk_cache_bytes > 0 ? options_.chunk_cache_bytes : DefaultDaemonBudget()) {
   // Ranks and DataLoader workers of one job read the same chunks a few batches apart: chunks
   // recently used stay for them (a quarter of the chunk cache, at most 1 GiB), so that each
-  // is parsed once. Dropped first when the cache is full, and when no stream is left.
-  if (registry_ != nullptr) registry_->SetRetainedBytes(std::min<uint64_t>(chunk_cache_bytes_ / 4, uint64_t{1} << 30));
+  // is parsed once. Dropped first when the cache is full, and when no stream is left. A
+  // dataset with keepDataInMemory keeps its chunks (up to the whole chunk cache) for every
+  // subscription to come, until the cache needs the room: parsed once per daemon, not once
+  // per subscription (a DataLoader's workers subscribe anew every epoch).
+  if (registry_ != nullptr) {
+    registry_->SetRetainedBytes(std::min<uint64_t>(chunk_cache_bytes_ / 4, uint64_t{1} << 30), chunk_cache_bytes_);
+  }
 }
 
 LoaderService::~LoaderService() {
@@ -132,8 +137,9 @@ void LoaderService::Unregister(StreamReactor* r) {
   std::lock_guard<std::mutex> lock(mu_);
   streams_.erase(r);
   if (registry_ != nullptr) {
-    // No stream left: the chunks kept for readers to come go back to the system.
-    if (streams_.empty()) registry_->DropRetained(~uint64_t{0});
+    // No stream left: the chunks kept for readers to come go back to the system (not those
+    // of datasets with keepDataInMemory: kept for the next subscription).
+    if (streams_.empty()) registry_->DropRetained(~uint64_t{0}, /*kept_too=*/false);
     // What the chunk cache holds now (batches update it while streams run; none may follow).
     if (Metrics* m = options_.metrics) {
       for (const std::string& name : registry_->Names()) {

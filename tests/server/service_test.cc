@@ -738,6 +738,59 @@ TEST_F(MetricsEndpoint, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
   ExpectNoChunkHeld(Page(), "sparse");
 }
 
+// keepDataInMemory in the daemon: a dataset's parsed chunks stay for the subscriptions to
+// come (the next one delivers the same bytes and parses nothing), while a dataset without it
+// parses anew and holds nothing once its last stream is over. (A DataLoader's workers
+// subscribe anew every epoch: each epoch parsed the whole dataset again.)
+TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
+  TempDir dir;
+  std::string yaml = "datasets:\n";
+  for (const std::string name : {"kept", "plain"}) {
+    yaml += "  " + name + ":\n    randomize: false\n" + (name == "kept" ? "    keepDataInMemory: true\n" : "") +
+            "    deserializers:\n      - type: CNTKTextFormat\n        file: " + CONVEYOR_SOURCE_DIR +
+            "/examples/sparse.ctf\n        chunkSizeInBytes: 65536\n        input:\n"
+            "          x: {dim: 5000, format: sparse}\n          y: {dim: 1, format: dense}\n";
+  }
+  Daemon d(options_, dir.Write("keep.yaml", yaml));
+  // The counter conveyor_chunks_parsed_total of `dataset` (0 before its first parse).
+  auto parses = [&](const std::string& dataset) {
+    const std::string page = Page(), line = "conveyor_chunks_parsed_total{dataset=\"" + dataset + "\"} ";
+    const size_t at = page.find(line);
+    return at == std::string::npos ? 0.0 : std::stod(page.substr(at + line.size()));
+  };
+  auto read = [&](const std::string& dataset) -> std::string {
+    auto client = Client::Connect(d.tcp());
+    EXPECT_TRUE(client.ok());
+    if (!client.ok()) return "";
+    auto sub = (*client)->Subscribe(Sub(dataset, 100));
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    if (!sub.ok()) return "";
+    auto got = Drain(sub->get());
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? *got : "";
+  };
+  const std::string kept = read("kept");
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  const double kept_parses = parses("kept");
+  EXPECT_GE(kept_parses, 4) << "the file is 256 KB in chunks of 64 KB";
+  const std::string page = Page();
+  EXPECT_EQ(page.find("conveyor_chunk_cache_chunks{dataset=\"kept\"} 0\n"), std::string::npos)
+      << "no stream is left, and the chunks of a keepDataInMemory dataset are still held\n" << page;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(read("kept"), kept);
+    EXPECT_EQ(parses("kept"), kept_parses) << "subscription " << i + 2 << " parsed again";
+  }
+
+  const std::string plain = read("plain");
+  EXPECT_EQ(plain, kept);
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  const double plain_parses = parses("plain");
+  EXPECT_EQ(plain_parses, kept_parses);
+  ExpectNoChunkHeld(Page(), "plain");
+  EXPECT_EQ(read("plain"), plain);
+  EXPECT_EQ(parses("plain"), 2 * plain_parses) << "without keepDataInMemory, a new subscription parses again";
+}
+
 }  // namespace
 }  // namespace conveyor::testing
 
