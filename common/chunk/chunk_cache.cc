@@ -13,7 +13,8 @@ ChunkCache::~ChunkCache() {
   resident_->done_with = nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkCache::Get(uint64_t chunk_id) const {
+absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkCache::Get(uint64_t chunk_id, bool* parsed_here) const {
+  if (parsed_here != nullptr) *parsed_here = false;
   std::unique_lock<std::mutex> lock(cache_mu_);
   while (true) {
     CacheEntry& e = cache_[chunk_id];
@@ -26,6 +27,7 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkCache::Get(uint64_t chun
   }
   cache_[chunk_id].parsing = true;
   lock.unlock();
+  if (parsed_here != nullptr) *parsed_here = true;
   auto parsed = parse_(chunk_id);
   // A chunk whose values are used where they lie in the mapping (CBF) keeps its pages
   // until it is released; any other chunk is done with them now.

@@ -33,8 +33,10 @@ class ChunkCache {
   ChunkCache(const ChunkCache&) = delete;
   ChunkCache& operator=(const ChunkCache&) = delete;
 
-  // The parsed chunk, shared. Thread-safe. Errors: those of `parse`.
-  absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t chunk_id) const;
+  // The parsed chunk, shared. Thread-safe. Errors: those of `parse`. `parsed_here`, when
+  // given, says whether this call parsed it (false: held already, or parsed by a concurrent
+  // call).
+  absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t chunk_id, bool* parsed_here = nullptr) const;
 
   // Keeps up to `bytes` of the most recently used chunks after their last reader lets go
   // (least recently used dropped first). 0 (the default): nothing is kept.

@@ -301,8 +301,8 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_
   return chunked_->ParseChunk(chunk_id);
 }
 
-absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t chunk_id) const {
-  return cache_->Get(chunk_id);
+absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t chunk_id, bool* parsed_here) const {
+  return cache_->Get(chunk_id, parsed_here);
 }
 
 uint64_t Dataset::ChunkBytes(uint64_t chunk_id) const {

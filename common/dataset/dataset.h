@@ -74,7 +74,8 @@ class Dataset {
   // holds is not parsed again, and concurrent requests for one chunk parse it once (readers
   // of different ranks, or several subscriptions to one stream, share the work). Nothing is
   // kept once no reader holds it. Thread-safe. Errors: as ParseChunk.
-  absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id) const;
+  // `parsed_here`, when given: whether this call parsed it (ChunkCache::Get).
+  absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id, bool* parsed_here = nullptr) const;
   // Chunks actually parsed so far (cache hits excluded).
   uint64_t parses() const { return parses_.load(); }
   // Keeps up to `bytes` of the most recently used chunks after their last reader lets go

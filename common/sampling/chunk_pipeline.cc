@@ -71,6 +71,17 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
       }
     }
   }
+  if (todo != nullptr && s.options.keep_all) {
+    // Kept since this entry was enqueued (its first entry's parse ended in between).
+    if (auto kept = s.kept.find(todo->chunk); kept != s.kept.end()) {
+      todo->started = todo->done = true;
+      if (todo->wanted) --s.wanted;
+      --s.unstarted;
+      todo->data = kept->second;
+      s.done_cv.notify_all();
+      todo = nullptr;
+    }
+  }
   if (todo != nullptr) {
     todo->started = true;
     if (todo->wanted) --s.wanted;
@@ -83,20 +94,25 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
     absl::Status admitted = s.options.admit ? s.options.admit(chunk) : absl::OkStatus();
     if (admitted.ok()) s.dataset->WillNeed(chunk);
     const auto t0 = std::chrono::steady_clock::now();
+    bool parsed_here = false;
     absl::StatusOr<std::shared_ptr<const ParsedChunk>> parsed =
-        admitted.ok() ? s.dataset->SharedChunk(chunk) : absl::StatusOr<std::shared_ptr<const ParsedChunk>>(admitted);
+        admitted.ok() ? s.dataset->SharedChunk(chunk, &parsed_here)
+                      : absl::StatusOr<std::shared_ptr<const ParsedChunk>>(admitted);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
     --s.parsing;
     s.first_done = true;
-    s.parse_seconds += secs;
-    if (admitted.ok()) ++s.chunks_parsed;
+    if (parsed_here) {
+      s.parse_seconds += secs;
+      ++s.chunks_parsed;
+    }
+    // Kept even when its entry was released while it was parsed: a later sweep needs it.
+    if (parsed.ok() && s.options.keep_all) s.kept[chunk] = *parsed;
     if (auto found = s.entries.find(ticket); found != s.entries.end()) {  // else released while parsed
       Entry& e = found->second;
       e.done = true;
       if (parsed.ok()) {
         e.data = std::move(*parsed);
-        if (s.options.keep_all) s.kept[chunk] = e.data;
       } else {
         e.status = parsed.status();
       }

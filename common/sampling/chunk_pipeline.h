@@ -59,7 +59,9 @@ class ChunkPipeline {
   // The threads parsing for it (its own or the shared ones).
   ParserPool* pool() const { return state_->pool; }
 
-  // Chunks parsed so far and seconds spent parsing (all threads).
+  // Chunks parsed so far and seconds spent parsing (all threads): parses this pipeline
+  // caused, not chunks the dataset's cache already held (the next sweep's entry of a chunk
+  // the end of this sweep still holds, or another reader's) or parsed for a concurrent call.
   uint64_t chunks_parsed() const;
   double parse_seconds() const;
 

@@ -119,6 +119,8 @@ class LoaderTest : public ::testing::Test {
     }
     EXPECT_EQ(samples, 400 * epochs);
     chunks_ = (*ds)->index().chunks.size();
+    // The pipeline counts the parses it caused: the dataset's own count (one reader here).
+    EXPECT_EQ((*loader)->pipeline().chunks_parsed(), (*ds)->parses());
     return (*loader)->pipeline().chunks_parsed();
   }
   TempDir dir_;
@@ -134,7 +136,11 @@ TEST_F(LoaderTest, KeepDataInMemoryParsesEachChunkOnce) {
 
 TEST_F(LoaderTest, WithoutKeepEveryEpochParsesAgain) {
   const uint64_t parsed = ParsedAfterEpochs(false, 3, 2);
-  EXPECT_EQ(parsed, 3 * chunks_);
+  // Every sweep parses each chunk again, except that a chunk the next sweep starts with may
+  // still be held (or parsing) for the end of this one: the two share it. The window is 3
+  // chunks: at most 3 shared at each of the 2 sweep boundaries.
+  EXPECT_LE(parsed, 3 * chunks_);
+  EXPECT_GE(parsed + 2 * 3, 3 * chunks_);
 }
 
 // Assembles nothing at Begin(): the whole batch is written when its fence is waited for,
