@@ -71,8 +71,10 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
     }
   }
   if (!loaded) {
+    const MappedFile* file = file_.get();
+    io.read = [file](uint64_t offset, uint64_t length, char* out) { return file->Read(offset, length, out); };
     ASSIGN_OR_RETURN(index_, BuildCtfIndex(file_->bytes(), d.file, io));
-    DropPages(0, total);  // scanned through the mapping; chunks are read (ReadChunk)
+    DropPages(0, total);  // what the scan touched of the mapping; chunks are read (ReadChunk)
     index_.ComputeContentHash();
     if (context.dataset.cache_index) {
       absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -25,6 +26,59 @@ struct RangeResult {
   bool any_content = false;
   std::string error;                     // set on a fatal problem
   uint64_t error_line = 0;
+  absl::Status read_error;               // CtfIndexOptions::read failed (returned as it is)
+};
+
+// The lines of a range: through the mapping, or (CtfIndexOptions::read) copied a window at
+// a time into a buffer of this thread's, which stays in cache while it is scanned.
+class RangeLines {
+ public:
+  RangeLines(std::string_view bytes, const CtfIndexOptions& options, uint64_t end)
+      : base_(bytes.data()), end_(end), read_(options.read),
+        window_(std::max<uint64_t>(options.read_window, 1)) {}
+
+  // The line at `pos` (< end): its first byte, and its end (after its '\n', or the range's
+  // end) in *eol.
+  absl::Status Line(uint64_t pos, const char** text, uint64_t* eol) {
+    if (read_) {
+      while (true) {
+        if (pos >= win_begin_ && pos < win_end_) {
+          const char* p = buf_.get() + (pos - win_begin_);
+          const char* nl = static_cast<const char*>(std::memchr(p, '\n', win_end_ - pos));
+          if (nl != nullptr || win_end_ == end_) {
+            *text = p;
+            *eol = nl != nullptr ? win_begin_ + static_cast<uint64_t>(nl - buf_.get()) + 1 : end_;
+            return absl::OkStatus();
+          }
+        }
+        // A window from `pos`; twice the part already seen when the line did not end in it.
+        uint64_t want = window_;
+        if (pos >= win_begin_ && pos < win_end_) want = std::max(want, 2 * (win_end_ - pos));
+        want = std::min(want, end_ - pos);
+        if (want > CtfIndexOptions::kMaxReadWindow) break;  // a very long line: the mapping
+        if (want > capacity_) {
+          buf_.reset(new char[want]);
+          capacity_ = want;
+        }
+        win_begin_ = win_end_ = 0;
+        if (absl::Status st = read_(pos, want, buf_.get()); !st.ok()) return st;
+        win_begin_ = pos;
+        win_end_ = pos + want;
+      }
+    }
+    const char* nl = static_cast<const char*>(std::memchr(base_ + pos, '\n', end_ - pos));
+    *text = base_ + pos;
+    *eol = nl != nullptr ? static_cast<uint64_t>(nl - base_) + 1 : end_;
+    return absl::OkStatus();
+  }
+
+ private:
+  const char* const base_;
+  const uint64_t end_;
+  const std::function<absl::Status(uint64_t, uint64_t, char*)>& read_;
+  const uint64_t window_;
+  std::unique_ptr<char[]> buf_;
+  uint64_t capacity_ = 0, win_begin_ = 0, win_end_ = 0;
 };
 
 inline bool IsBlankChar(char c) { return c == ' ' || c == '\t' || c == '\r'; }
@@ -44,8 +98,9 @@ bool HasStream(std::string_view line, std::string_view needle /* "|alias" */) {
 
 void ScanRange(std::string_view bytes, uint64_t begin, uint64_t end, bool per_line,
                const std::string& needle, std::atomic<uint64_t>* scanned,
-               const std::function<void(uint64_t)>& progress, RangeResult* out) {
-  const char* base = bytes.data();
+               const CtfIndexOptions& options, RangeResult* out) {
+  const std::function<void(uint64_t)>& progress = options.progress;
+  RangeLines lines(bytes, options, end);
   uint64_t pos = begin;
   uint64_t line = 0;
   bool current_known = false;
@@ -53,9 +108,13 @@ void ScanRange(std::string_view bytes, uint64_t begin, uint64_t end, bool per_li
   uint64_t pending_blanks = 0;
   uint64_t reported = begin;
   while (pos < end) {
-    const char* nl = static_cast<const char*>(std::memchr(base + pos, '\n', end - pos));
-    const uint64_t eol = nl ? static_cast<uint64_t>(nl - base) + 1 : end;
-    std::string_view text(base + pos, eol - pos);
+    const char* start = nullptr;
+    uint64_t eol = 0;
+    if (absl::Status st = lines.Line(pos, &start, &eol); !st.ok()) {
+      out->read_error = st;
+      return;
+    }
+    std::string_view text(start, eol - pos);
     uint64_t i = 0;
     while (i < text.size() && IsBlankChar(text[i])) ++i;
     const bool blank = i == text.size() || text[i] == '\n';
@@ -209,12 +268,12 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
   }
   std::atomic<uint64_t> scanned{0};
   if (nr == 1) {
-    ScanRange(bytes, bounds[0], bounds[1], per_line, needle, &scanned, options.progress, &results[0]);
+    ScanRange(bytes, bounds[0], bounds[1], per_line, needle, &scanned, options, &results[0]);
   } else {
     std::vector<std::thread> pool;
     for (size_t r = 0; r < nr; ++r) {
       pool.emplace_back(ScanRange, bytes, bounds[r], bounds[r + 1], per_line, std::cref(needle),
-                        &scanned, std::cref(options.progress), &results[r]);
+                        &scanned, std::cref(options), &results[r]);
     }
     for (auto& t : pool) t.join();
   }
@@ -227,6 +286,7 @@ absl::StatusOr<Index> BuildCtfIndex(std::string_view bytes, const std::string& p
   for (const auto& r : results) total += r.sequences.size();
   for (size_t r = 0; r < nr; ++r) {
     RangeResult& res = results[r];
+    if (!res.read_error.ok()) return res.read_error;
     if (!res.error.empty()) {
       return absl::DataLossError(absl::StrCat(path, ":", line_base + res.error_line + 1, ":1: ", res.error));
     }

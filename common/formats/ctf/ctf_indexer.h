@@ -28,6 +28,16 @@ struct CtfIndexOptions {
   int threads = 0;  // 0: hardware concurrency
   // Called from worker threads with the number of bytes scanned so far (monotonic).
   std::function<void(uint64_t)> progress;
+  // When set, each thread reads its range with it, a window of `read_window` bytes at a
+  // time (more for a longer line), instead of through `bytes`, which is then touched only
+  // at a few places (the first bytes, the ranges' bounds, line estimates, and a line too
+  // long for kMaxReadWindow). MappedFile::Read: on the virtual machines of bench/RESULTS.md
+  // the first touch of each mapped page cost 3-4x the kernel's copy, and the scan reads
+  // every page once ("`conveyor index` read, not mapped"). Errors it returns end the index
+  // (DataLoss naming the line reached).
+  std::function<absl::Status(uint64_t offset, uint64_t length, char* out)> read;
+  uint64_t read_window = uint64_t{512} << 10;
+  static constexpr uint64_t kMaxReadWindow = uint64_t{64} << 20;
 };
 
 // Indexes `bytes` (the whole file); `path` names it in messages. Does not apply the error

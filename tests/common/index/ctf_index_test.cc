@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/index/index_cache.h"
@@ -113,6 +114,116 @@ TEST(CtfIndex, ParallelMergesContinuationRowsAcrossRanges) {
   ASSERT_EQ(index->sequences.size(), 2u);
   EXPECT_EQ(index->sequences[0].num_samples, 900001u);
   EXPECT_EQ(index->sequences[1].key, 8u);
+}
+
+// The index of `data` read through CtfIndexOptions::read (from `data` itself, a window of
+// `window` bytes at a time), counting the reads.
+absl::StatusOr<Index> IndexRead(const std::string& data, CtfIndexOptions io, uint64_t window, int* reads = nullptr) {
+  io.read_window = window;
+  io.read = [&data, reads](uint64_t offset, uint64_t length, char* out) {
+    EXPECT_LE(offset + length, data.size());
+    std::memcpy(out, data.data() + offset, length);
+    if (reads != nullptr) ++*reads;
+    return absl::OkStatus();
+  };
+  return BuildCtfIndex(data, "x.ctf", io);
+}
+
+bool SameIndex(const Index& a, const Index& b) {
+  if (!SameSequences(a, b) || a.chunks.size() != b.chunks.size() || a.total_samples != b.total_samples ||
+      a.errors.count != b.errors.count || a.errors.first.size() != b.errors.first.size())
+    return false;
+  for (size_t i = 0; i < a.errors.first.size(); ++i) {
+    if (a.errors.first[i].line != b.errors.first[i].line || a.errors.first[i].kind != b.errors.first[i].kind) return false;
+  }
+  return true;
+}
+
+// Read a window at a time (what `conveyor index` and the datasets do), every window size
+// from one byte up gives the index the mapping gives: lines across windows, lines longer
+// than a window, no final newline, blank and repeated-id rows, per-line mode, and serial and
+// parallel ranges.
+TEST(CtfIndex, ReadAWindowAtATimeGivesTheSameIndex) {
+  std::string long_line = "9 |a";
+  for (int i = 0; i < 3000; ++i) long_line += " 0.5";
+  const std::vector<std::string> texts = {
+      "100 |a 1\n100 |a 2\n|a 3\n200 |a 4\n\n300 |a 5\n",
+      "100 |a 1\n100 |a 2\n|a 3\n200 |a 4\n\n300 |a 5",  // no final newline
+      "|a 1\n\n|a 2 |c 1\n  \n|a 3\n\n\n",
+      "1 |a 1\n2 |a 2\n1 |a 3\n" + long_line + "\n" + long_line + "\n3 |c 1 |a 2\n",
+      long_line,
+      Generated(300, true),
+      Generated(300, false),
+  };
+  for (const std::string& text : texts) {
+    for (const std::string alias : {"", "c"}) {
+      CtfIndexOptions io;
+      io.main_alias = alias;
+      io.chunk_size = 256;
+      auto mapped = BuildCtfIndex(text, "x.ctf", io);
+      ASSERT_TRUE(mapped.ok()) << mapped.status();
+      for (uint64_t window : {1, 2, 3, 7, 16, 100, 4096, 1 << 20}) {
+        auto read = IndexRead(text, io, window);
+        ASSERT_TRUE(read.ok()) << read.status();
+        EXPECT_TRUE(SameIndex(*mapped, *read)) << "window " << window << ", alias '" << alias << "':\n" << text.substr(0, 200);
+      }
+    }
+  }
+  // Several ranges (4 MiB each at least), each read in windows.
+  for (bool ids : {true, false}) {
+    const std::string data = Generated(400000, ids);
+    CtfIndexOptions io;
+    io.threads = 4;
+    io.chunk_size = 1 << 20;
+    auto mapped = BuildCtfIndex(data, "x.ctf", io);
+    int reads = 0;
+    auto read = IndexRead(data, io, 64 << 10, &reads);
+    ASSERT_TRUE(mapped.ok() && read.ok());
+    EXPECT_TRUE(SameIndex(*mapped, *read)) << "ids=" << ids;
+    EXPECT_GE(reads, static_cast<int>(data.size() / (64 << 10))) << "the ranges were not read in windows";
+  }
+}
+
+// A line longer than kMaxReadWindow is scanned through the mapping, not read into a buffer
+// as long as itself; the lines after it are read again.
+TEST(CtfIndex, ALineLongerThanTheLargestWindowIsScannedThroughTheMapping) {
+  std::string data = "1 |a 1\n2 |a";
+  data.append(CtfIndexOptions::kMaxReadWindow + 100, ' ');
+  data += "1\n3 |a 1\n";
+  CtfIndexOptions io;
+  io.threads = 1;
+  uint64_t largest = 0;
+  io.read = [&](uint64_t offset, uint64_t length, char* out) {
+    largest = std::max(largest, length);
+    std::memcpy(out, data.data() + offset, length);
+    return absl::OkStatus();
+  };
+  auto index = BuildCtfIndex(data, "x.ctf", io);
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->sequences.size(), 3u);
+  EXPECT_EQ(index->sequences[1].size, data.size() - 7 - 7);
+  EXPECT_EQ(index->sequences[2].key, 3u);
+  EXPECT_LE(largest, CtfIndexOptions::kMaxReadWindow);
+}
+
+// A failed read ends the index with the read's own error (what MappedFile::Read says of a
+// file cut short or an I/O error), from whichever range met it.
+TEST(CtfIndex, AFailedReadIsTheIndexsError) {
+  const std::string data = Generated(400000, true);
+  for (int threads : {1, 4}) {
+    CtfIndexOptions io;
+    io.threads = threads;
+    io.read_window = 64 << 10;
+    io.read = [&](uint64_t offset, uint64_t length, char* out) {
+      if (offset + length > data.size() / 2) return absl::DataLossError("x.ctf: the file ends at byte 1234");
+      std::memcpy(out, data.data() + offset, length);
+      return absl::OkStatus();
+    };
+    auto index = BuildCtfIndex(data, "x.ctf", io);
+    ASSERT_FALSE(index.ok()) << threads;
+    EXPECT_TRUE(absl::IsDataLoss(index.status()));
+    EXPECT_EQ(index.status().message(), "x.ctf: the file ends at byte 1234");
+  }
 }
 
 class IndexCacheTest : public ::testing::Test {
