@@ -94,7 +94,7 @@ void RegisterIndex(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "index",
       "Build the index of every dataset (sequences, chunks, sample counts) in one parallel pass "
-      "over the mapped file, with a progress bar. With cacheIndex: true the index is written "
+      "over each file, with a progress bar. With cacheIndex: true the index is written "
       "beside the data (<file>.<hash>.cvyidx) and reused while the file's size and mtime and the "
       "configuration stay the same.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();

@@ -3,7 +3,8 @@
 // hang or read out of bounds; every sequence the parser keeps must be well-formed. Each chunk
 // is parsed a second time from a copy of its bytes alone, as the deserializer reads it
 // (ChunkedFileDeserializer::ReadChunk): a read past them is an ASan report, and the result
-// must be the same.
+// must be the same. The index is also built reading the bytes a few at a time
+// (CtfIndexOptions::read): it must equal the one scanned in place.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +25,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   io.threads = 1;
   if (mode & 4) io.main_alias = "a";
   auto index = BuildCtfIndex(bytes, "fuzz.ctf", io);
+  // The same index read a window at a time (as a dataset reads its file), windows of 1-16
+  // bytes so that lines cross them: the same status, the same records.
+  CtfIndexOptions ro = io;
+  ro.read_window = 1 + (mode >> 4);
+  ro.read = [bytes](uint64_t offset, uint64_t length, char* out) {
+    if (offset + length > bytes.size()) std::abort();
+    std::memcpy(out, bytes.data() + offset, length);
+    return absl::OkStatus();
+  };
+  auto read = BuildCtfIndex(bytes, "fuzz.ctf", ro);
+  if (read.ok() != index.ok() || read.status().message() != index.status().message()) std::abort();
   if (!index.ok()) return 0;
+  if (read->sequences.size() != index->sequences.size() || read->chunks.size() != index->chunks.size() ||
+      read->errors.count != index->errors.count ||
+      (!index->sequences.empty() && std::memcmp(read->sequences.data(), index->sequences.data(),
+                                                index->sequences.size() * sizeof(SequenceEntry)) != 0)) {
+    std::abort();
+  }
   CtfParserOptions po;
   po.path = "fuzz.ctf";
   po.precision = (mode & 8) ? Precision::kDouble : Precision::kFloat;
