@@ -742,8 +742,9 @@ TEST_F(MetricsEndpoint, NoChunkIsKeptAfterTheLastStreamIsCancelled) {
 // come (the next one delivers the same bytes and parses nothing), while a dataset without it
 // parses anew and holds nothing once its last stream is over. (A DataLoader's workers
 // subscribe anew every epoch: each epoch parsed the whole dataset again.)
-TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
-  TempDir dir;
+// Datasets `kept` (keepDataInMemory) and `plain` of the same file (examples/sparse.ctf, in
+// chunks of 64 KiB), written into `dir`; returns the configuration's path.
+std::string KeptAndPlain(const TempDir& dir) {
   std::string yaml = "datasets:\n";
   for (const std::string name : {"kept", "plain"}) {
     yaml += "  " + name + ":\n    randomize: false\n" + (name == "kept" ? "    keepDataInMemory: true\n" : "") +
@@ -751,13 +752,34 @@ TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
             "/examples/sparse.ctf\n        chunkSizeInBytes: 65536\n        input:\n"
             "          x: {dim: 5000, format: sparse}\n          y: {dim: 1, format: dense}\n";
   }
-  Daemon d(options_, dir.Write("keep.yaml", yaml));
+  return dir.Write("keep.yaml", yaml);
+}
+
+// The value of `metric`{dataset="`dataset`"} on a metrics page (0 when absent).
+double DatasetMetric(const std::string& page, const std::string& metric, const std::string& dataset) {
+  const std::string line = metric + "{dataset=\"" + dataset + "\"} ";
+  const size_t at = page.find(line);
+  return at == std::string::npos ? 0.0 : std::stod(page.substr(at + line.size()));
+}
+
+// A whole subscription to `dataset` (minibatches of 100), in the dump format ("" on error).
+std::string ReadAll(const Daemon& d, const std::string& dataset) {
+  auto client = Client::Connect(d.tcp());
+  EXPECT_TRUE(client.ok());
+  if (!client.ok()) return "";
+  auto sub = (*client)->Subscribe(Sub(dataset, 100));
+  EXPECT_TRUE(sub.ok()) << sub.status();
+  if (!sub.ok()) return "";
+  auto got = Drain(sub->get());
+  EXPECT_TRUE(got.ok()) << got.status();
+  return got.ok() ? *got : "";
+}
+
+TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
+  TempDir dir;
+  Daemon d(options_, KeptAndPlain(dir));
   // The counter conveyor_chunks_parsed_total of `dataset` (0 before its first parse).
-  auto parses = [&](const std::string& dataset) {
-    const std::string page = Page(), line = "conveyor_chunks_parsed_total{dataset=\"" + dataset + "\"} ";
-    const size_t at = page.find(line);
-    return at == std::string::npos ? 0.0 : std::stod(page.substr(at + line.size()));
-  };
+  auto parses = [&](const std::string& dataset) { return DatasetMetric(Page(), "conveyor_chunks_parsed_total", dataset); };
   auto read = [&](const std::string& dataset) -> std::string {
     auto client = Client::Connect(d.tcp());
     EXPECT_TRUE(client.ok());
@@ -789,6 +811,35 @@ TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
   ExpectNoChunkHeld(Page(), "plain");
   EXPECT_EQ(read("plain"), plain);
   EXPECT_EQ(parses("plain"), 2 * plain_parses) << "without keepDataInMemory, a new subscription parses again";
+}
+
+// Chunks kept for subscriptions to come count against chunkCacheBytes, and give way when a
+// parse needs the room: with a budget of 1.5x the kept dataset, a whole read of another
+// dataset of the same size succeeds (it would be refused RESOURCE_EXHAUSTED if they did not),
+// and the kept dataset is parsed again in part afterwards, with the same bytes.
+TEST_F(MetricsEndpoint, KeptChunksGiveWayWhenTheChunkCacheNeedsTheRoom) {
+  TempDir dir;
+  const std::string config = KeptAndPlain(dir);
+  double kept_bytes = 0;
+  std::string expected;
+  {
+    Daemon d(options_, config);
+    expected = ReadAll(d, "kept");
+    ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+    kept_bytes = DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept");
+    ASSERT_GT(kept_bytes, 0);
+  }
+  ServiceOptions o = options_;
+  o.chunk_cache_bytes = static_cast<uint64_t>(kept_bytes * 1.5);
+  Daemon d(o, config);
+  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  const double first = DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept");
+  EXPECT_TRUE(ReadAll(d, "plain") == expected) << "a parse of `plain` was refused: the kept chunks did not give way";
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  EXPECT_LT(DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept"), kept_bytes);
+  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
+  EXPECT_GT(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), first);
 }
 
 }  // namespace
