@@ -49,6 +49,17 @@ void DatasetRegistry::SetRetainedBytes(uint64_t bytes, uint64_t keep_bytes) cons
   }
 }
 
+uint64_t DatasetRegistry::DropUnheld(uint64_t bytes) const {
+  uint64_t freed = 0;
+  for (const bool keep : {false, true}) {
+    for (const auto& [name, ds] : datasets_) {
+      if (freed >= bytes) return freed;
+      if (ds->config().keep_data_in_memory == keep) freed += ds->DropUnheld(bytes - freed);
+    }
+  }
+  return freed;
+}
+
 uint64_t DatasetRegistry::DropRetained(uint64_t bytes, bool kept_too) const {
   uint64_t dropped = 0;
   for (const bool keep : {false, true}) {  // chunks kept only for readers to come go first

@@ -34,6 +34,9 @@ class DatasetRegistry {
   // Drops retained chunks until `bytes` are dropped, those of datasets without
   // keepDataInMemory first; returns the bytes dropped. `kept_too` false: only theirs.
   uint64_t DropRetained(uint64_t bytes, bool kept_too = true) const;
+  // For a parse that needs room: drops retained chunks no reader holds until `bytes` are
+  // freed, those of datasets without keepDataInMemory first; returns the bytes freed.
+  uint64_t DropUnheld(uint64_t bytes) const;
 
  private:
   std::map<std::string, std::shared_ptr<const Dataset>> datasets_;

@@ -62,16 +62,16 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
   const Dataset* dataset = out.dataset.get();
   const uint64_t limit = env.chunk_cache_bytes;
   out.resolved.loader.admit_chunk = [registry, dataset, limit](uint64_t chunk) -> absl::Status {
+    // A chunk in memory already (kept, or another reader's) costs nothing more.
+    if (dataset->HoldsChunk(chunk)) return absl::OkStatus();
     const uint64_t estimate = dataset->ChunkBytes(chunk);
-    // Chunks kept only for readers to come give way first (least recently used first, those
-    // of datasets without keepDataInMemory before those with it). A chunk dropped from the
-    // kept list that a reader still holds frees nothing: drop more until the room is there
-    // or nothing is kept.
     uint64_t held = registry->ResidentBytes();
-    while (!(held <= limit && estimate <= limit - held)) {
-      if (registry->DropRetained(estimate + (held > limit ? held - limit : 0)) == 0) break;
-      held = registry->ResidentBytes();
-    }
+    if (held <= limit && estimate <= limit - held) return absl::OkStatus();
+    // Chunks kept only for readers to come give way (least recently used first, those of
+    // datasets without keepDataInMemory before those with it), if no reader holds them:
+    // dropping one a reader holds frees nothing.
+    registry->DropUnheld(estimate + (held > limit ? held - limit : 0) - (held < limit ? limit - held : 0));
+    held = registry->ResidentBytes();
     if (held <= limit && estimate <= limit - held) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
         "parsing chunk ", chunk, " of '", dataset->config().name, "' (about ", estimate,

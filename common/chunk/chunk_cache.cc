@@ -103,6 +103,29 @@ uint64_t ChunkCache::DropRetained(uint64_t bytes) const {
   return before - retained_bytes_;
 }
 
+uint64_t ChunkCache::DropUnheld(uint64_t bytes) const {
+  std::vector<std::shared_ptr<const ParsedChunk>> released;  // freed after the lock
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  uint64_t freed = 0;
+  // Least recent first. Under the lock a count of one is final: another reference can only
+  // come from Get(), which takes the lock.
+  for (auto it = retained_.end(); it != retained_.begin() && freed < bytes;) {
+    --it;
+    if (it->chunk.use_count() != 1) continue;
+    freed += it->bytes;
+    retained_bytes_ -= it->bytes;
+    released.push_back(std::move(it->chunk));
+    it = retained_.erase(it);
+  }
+  return freed;
+}
+
+bool ChunkCache::Holds(uint64_t chunk_id) const {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  auto it = cache_.find(chunk_id);
+  return it != cache_.end() && !it->second.chunk.expired();
+}
+
 uint64_t ChunkCache::retained_bytes() const {
   std::lock_guard<std::mutex> lock(cache_mu_);
   return retained_bytes_;

@@ -44,6 +44,12 @@ class ChunkCache {
   // Drops retained chunks, least recently used first, until at least `bytes` are dropped or
   // none is left; returns the bytes dropped (a chunk a reader still holds stays resident).
   uint64_t DropRetained(uint64_t bytes) const;
+  // Drops retained chunks no reader holds (the list's is their only reference), least
+  // recently used first, until at least `bytes` are freed or none is left; returns the bytes
+  // freed. What a parse that needs room asks for: dropping a chunk a reader holds frees nothing.
+  uint64_t DropUnheld(uint64_t bytes) const;
+  // Whether chunk `chunk_id` is in memory now (held by a reader or retained).
+  bool Holds(uint64_t chunk_id) const;
   uint64_t retained_bytes() const;
   // Parsed chunks held by readers right now, and their heap bytes.
   uint64_t resident_chunks() const { return resident_->chunks.load(); }

@@ -85,6 +85,10 @@ class Dataset {
   // Drops retained chunks, least recently used first, until at least `bytes` are dropped or
   // none is left; returns the bytes dropped (a chunk a reader still holds stays resident).
   uint64_t DropRetained(uint64_t bytes) const { return cache_->DropRetained(bytes); }
+  // Drops retained chunks no reader holds until `bytes` are freed (ChunkCache::DropUnheld).
+  uint64_t DropUnheld(uint64_t bytes) const { return cache_->DropUnheld(bytes); }
+  // Whether the chunk is in memory now (a reader holds it, or it is retained).
+  bool HoldsChunk(uint64_t chunk_id) const { return cache_->Holds(chunk_id); }
   uint64_t retained_bytes() const { return cache_->retained_bytes(); }
   // Parsed chunks held by readers right now, and their heap bytes (the chunk cache's
   // occupancy: it holds nothing no reader holds).

@@ -817,29 +817,59 @@ TEST_F(MetricsEndpoint, KeepDataInMemoryParsesOncePerDaemon) {
 // parse needs the room: with a budget of 1.5x the kept dataset, a whole read of another
 // dataset of the same size succeeds (it would be refused RESOURCE_EXHAUSTED if they did not),
 // and the kept dataset is parsed again in part afterwards, with the same bytes.
+// The parsed size of dataset `kept` of KeptAndPlain() (the chunk cache's gauge after a whole
+// read), and that read in the dump format; from a daemon of its own with metrics of its own.
+double KeptBytes(const std::string& config, std::string* dump) {
+  Metrics metrics;
+  const int port = metrics.Serve("127.0.0.1:0");
+  ServiceOptions o;
+  o.metrics = &metrics;
+  Daemon d(o, config);
+  *dump = ReadAll(d, "kept");
+  EXPECT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  return DatasetMetric(HttpGet(port, "/metrics"), "conveyor_chunk_cache_bytes", "kept");
+}
+
 TEST_F(MetricsEndpoint, KeptChunksGiveWayWhenTheChunkCacheNeedsTheRoom) {
   TempDir dir;
   const std::string config = KeptAndPlain(dir);
-  double kept_bytes = 0;
   std::string expected;
-  {
-    Daemon d(options_, config);
-    expected = ReadAll(d, "kept");
-    ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
-    kept_bytes = DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept");
-    ASSERT_GT(kept_bytes, 0);
-  }
+  const double kept_bytes = KeptBytes(config, &expected);
+  ASSERT_GT(kept_bytes, 0);
   ServiceOptions o = options_;
   o.chunk_cache_bytes = static_cast<uint64_t>(kept_bytes * 1.5);
   Daemon d(o, config);
   EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
   ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
   const double first = DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept");
+  EXPECT_GT(first, 0);
   EXPECT_TRUE(ReadAll(d, "plain") == expected) << "a parse of `plain` was refused: the kept chunks did not give way";
   ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
   EXPECT_LT(DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept"), kept_bytes);
   EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
   EXPECT_GT(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), first);
+}
+
+// A kept dataset that fits the budget with little to spare is not parsed again by the next
+// subscription: its chunks in memory are not charged again when read (they were, and each
+// charge dropped the least recently used kept chunk, the next one to be read).
+TEST_F(MetricsEndpoint, AKeptDatasetThatJustFitsIsNotParsedAgain) {
+  TempDir dir;
+  const std::string config = KeptAndPlain(dir);
+  std::string expected;
+  const double kept_bytes = KeptBytes(config, &expected);
+  ASSERT_GT(kept_bytes, 0);
+  ServiceOptions o = options_;
+  o.chunk_cache_bytes = static_cast<uint64_t>(kept_bytes * 1.02);
+  Daemon d(o, config);
+  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+  const double first = DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept");
+  EXPECT_GT(first, 0);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
+    EXPECT_EQ(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), first) << "subscription " << i + 2;
+  }
 }
 
 }  // namespace

@@ -51,11 +51,11 @@ class RangeLines {
             return absl::OkStatus();
           }
         }
-        // A window from `pos`; twice the part already seen when the line did not end in it.
-        uint64_t want = window_;
-        if (pos >= win_begin_ && pos < win_end_) want = std::max(want, 2 * (win_end_ - pos));
-        want = std::min(want, end_ - pos);
-        if (want > CtfIndexOptions::kMaxReadWindow) break;  // a very long line: the mapping
+        // A window from `pos`; twice the part already seen when the line did not end in it,
+        // up to kMaxReadWindow; a line longer than that is scanned through the mapping.
+        const uint64_t seen = pos >= win_begin_ && pos < win_end_ ? win_end_ - pos : 0;
+        if (seen >= CtfIndexOptions::kMaxReadWindow) break;
+        const uint64_t want = std::min({std::max(window_, 2 * seen), CtfIndexOptions::kMaxReadWindow, end_ - pos});
         if (want > capacity_) {
           buf_.reset(new char[want]);
           capacity_ = want;

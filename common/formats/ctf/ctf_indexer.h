@@ -33,8 +33,9 @@ struct CtfIndexOptions {
   // at a few places (the first bytes, the ranges' bounds, line estimates, and a line too
   // long for kMaxReadWindow). MappedFile::Read: on the virtual machines of bench/RESULTS.md
   // the first touch of each mapped page cost 3-4x the kernel's copy, and the scan reads
-  // every page once ("`conveyor index` read, not mapped"). Errors it returns end the index
-  // (DataLoss naming the line reached).
+  // every page once ("`conveyor index` read, not mapped"). An error it returns ends the
+  // index, returned as it is (MappedFile::Read names the file and the byte range). Each
+  // thread's buffer grows to the longest line it read, kMaxReadWindow at most.
   std::function<absl::Status(uint64_t offset, uint64_t length, char* out)> read;
   uint64_t read_window = uint64_t{512} << 10;
   static constexpr uint64_t kMaxReadWindow = uint64_t{64} << 20;

@@ -119,7 +119,12 @@ class LoaderTest : public ::testing::Test {
     }
     EXPECT_EQ(samples, 400 * epochs);
     chunks_ = (*ds)->index().chunks.size();
-    // The pipeline counts the parses it caused: the dataset's own count (one reader here).
+    // The pipeline counts the parses it caused: the dataset's own count (one reader here),
+    // once a parse started ahead and not used has ended.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((*loader)->pipeline().chunks_parsed() != (*ds)->parses() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_EQ((*loader)->pipeline().chunks_parsed(), (*ds)->parses());
     return (*loader)->pipeline().chunks_parsed();
   }
