@@ -12,7 +12,7 @@ ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 -E '^pyth
 # python_torch (about 90 forked DataLoader workers) runs alone, after the rest: its workers'
 # timing is what it checks, and a loaded machine only slows it. A worker can still hang in
 # gRPC's own fork handler (README, "Forking": 2 of 4 suite runs and 2 of 14 loaded runs on
-# 2 cores, 2026-11-27), so a timed-out run (120 s; a run takes 30-60 s) is tried once more,
+# 2 cores, 2026-11-27), so a timed-out run (90 s; a run takes 30-60 s) is tried once more,
 # said out loud; a failure of any other kind is not.
 torch_log="$(mktemp)"
 if ! ctest --test-dir build --output-on-failure -R '^python_torch$' 2>&1 | tee "$torch_log"; then
@@ -25,7 +25,7 @@ if ! ctest --test-dir build --output-on-failure -R '^python_torch$' 2>&1 | tee "
   fi
 fi
 rm -f "$torch_log"
-scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${CONVEYOR_FUZZ_SECONDS:-12}"
 # The Debian package installed into a clean Debian 12 root (debootstrap; needs root and the
 # Debian mirror); set CONVEYOR_DEB_TEST=0 to leave it out.
 if [[ ${CONVEYOR_DEB_TEST:-1} != 0 ]]; then bash deploy/deb-test.sh build; fi
