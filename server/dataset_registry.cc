@@ -60,16 +60,10 @@ uint64_t DatasetRegistry::DropUnheld(uint64_t bytes) const {
   return freed;
 }
 
-uint64_t DatasetRegistry::DropRetained(uint64_t bytes, bool kept_too) const {
-  uint64_t dropped = 0;
-  for (const bool keep : {false, true}) {  // chunks kept only for readers to come go first
-    if (keep && !kept_too) break;
-    for (const auto& [name, ds] : datasets_) {
-      if (dropped >= bytes) return dropped;
-      if (ds->config().keep_data_in_memory == keep) dropped += ds->DropRetained(bytes - dropped);
-    }
+void DatasetRegistry::DropRetainedForReaders() const {
+  for (const auto& [name, ds] : datasets_) {
+    if (!ds->config().keep_data_in_memory) ds->DropRetained(~uint64_t{0});
   }
-  return dropped;
 }
 
 }  // namespace conveyor

@@ -31,9 +31,9 @@ class DatasetRegistry {
   // dataset with keepDataInMemory may keep up to `keep_bytes` (the chunk cache's budget: all
   // of it, parsed once for every subscription to come).
   void SetRetainedBytes(uint64_t bytes, uint64_t keep_bytes) const;
-  // Drops retained chunks until `bytes` are dropped, those of datasets without
-  // keepDataInMemory first; returns the bytes dropped. `kept_too` false: only theirs.
-  uint64_t DropRetained(uint64_t bytes, bool kept_too = true) const;
+  // Drops every retained chunk of the datasets without keepDataInMemory (no stream is left
+  // to read them); those with it keep theirs for the subscriptions to come.
+  void DropRetainedForReaders() const;
   // For a parse that needs room: drops retained chunks no reader holds until `bytes` are
   // freed, those of datasets without keepDataInMemory first; returns the bytes freed.
   uint64_t DropUnheld(uint64_t bytes) const;

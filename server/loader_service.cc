@@ -139,7 +139,7 @@ void LoaderService::Unregister(StreamReactor* r) {
   if (registry_ != nullptr) {
     // No stream left: the chunks kept for readers to come go back to the system (not those
     // of datasets with keepDataInMemory: kept for the next subscription).
-    if (streams_.empty()) registry_->DropRetained(~uint64_t{0}, /*kept_too=*/false);
+    if (streams_.empty()) registry_->DropRetainedForReaders();
     // What the chunk cache holds now (batches update it while streams run; none may follow).
     if (Metrics* m = options_.metrics) {
       for (const std::string& name : registry_->Names()) {

@@ -70,7 +70,7 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
     // Chunks kept only for readers to come give way (least recently used first, those of
     // datasets without keepDataInMemory before those with it), if no reader holds them:
     // dropping one a reader holds frees nothing.
-    registry->DropUnheld(estimate + (held > limit ? held - limit : 0) - (held < limit ? limit - held : 0));
+    registry->DropUnheld(held + estimate - limit);  // > 0: the room is short by that much
     held = registry->ResidentBytes();
     if (held <= limit && estimate <= limit - held) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(

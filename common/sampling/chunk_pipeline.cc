@@ -71,17 +71,6 @@ void ChunkPipeline::RunJob(const std::shared_ptr<State>& state) {
       }
     }
   }
-  if (todo != nullptr && s.options.keep_all) {
-    // Kept since this entry was enqueued (its first entry's parse ended in between).
-    if (auto kept = s.kept.find(todo->chunk); kept != s.kept.end()) {
-      todo->started = todo->done = true;
-      if (todo->wanted) --s.wanted;
-      --s.unstarted;
-      todo->data = kept->second;
-      s.done_cv.notify_all();
-      todo = nullptr;
-    }
-  }
   if (todo != nullptr) {
     todo->started = true;
     if (todo->wanted) --s.wanted;

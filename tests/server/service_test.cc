@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -830,24 +831,39 @@ double KeptBytes(const std::string& config, std::string* dump) {
   return DatasetMetric(HttpGet(port, "/metrics"), "conveyor_chunk_cache_bytes", "kept");
 }
 
+// A daemon over KeptAndPlain() whose chunk cache holds `budget` times the parsed dataset
+// `kept` (reported on `page`), after one whole read of `kept`: that read (the same as a
+// daemon without a budget delivers) and the parses it made.
+struct KeptDaemon {
+  std::unique_ptr<Daemon> daemon;
+  std::string expected;
+  double kept_bytes = 0, parses = 0;
+};
+
+KeptDaemon StartKeptDaemon(const std::function<std::string()>& page, const ServiceOptions& options,
+                           const std::string& config, double budget) {
+  KeptDaemon k;
+  k.kept_bytes = KeptBytes(config, &k.expected);
+  EXPECT_GT(k.kept_bytes, 0);
+  ServiceOptions o = options;
+  o.chunk_cache_bytes = static_cast<uint64_t>(k.kept_bytes * budget);
+  k.daemon = std::make_unique<Daemon>(o, config);
+  EXPECT_TRUE(ReadAll(*k.daemon, "kept") == k.expected) << "not the same batches";
+  EXPECT_TRUE(WaitFor(10, [&] { return k.daemon->service().active_streams() == 0; }));
+  k.parses = DatasetMetric(page(), "conveyor_chunks_parsed_total", "kept");
+  EXPECT_GT(k.parses, 0);
+  return k;
+}
+
 TEST_F(MetricsEndpoint, KeptChunksGiveWayWhenTheChunkCacheNeedsTheRoom) {
   TempDir dir;
-  const std::string config = KeptAndPlain(dir);
-  std::string expected;
-  const double kept_bytes = KeptBytes(config, &expected);
-  ASSERT_GT(kept_bytes, 0);
-  ServiceOptions o = options_;
-  o.chunk_cache_bytes = static_cast<uint64_t>(kept_bytes * 1.5);
-  Daemon d(o, config);
-  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
+  KeptDaemon k = StartKeptDaemon([this] { return Page(); }, options_, KeptAndPlain(dir), 1.5);
+  Daemon& d = *k.daemon;
+  EXPECT_TRUE(ReadAll(d, "plain") == k.expected) << "a parse of `plain` was refused: the kept chunks did not give way";
   ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
-  const double first = DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept");
-  EXPECT_GT(first, 0);
-  EXPECT_TRUE(ReadAll(d, "plain") == expected) << "a parse of `plain` was refused: the kept chunks did not give way";
-  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
-  EXPECT_LT(DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept"), kept_bytes);
-  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
-  EXPECT_GT(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), first);
+  EXPECT_LT(DatasetMetric(Page(), "conveyor_chunk_cache_bytes", "kept"), k.kept_bytes);
+  EXPECT_TRUE(ReadAll(d, "kept") == k.expected) << "not the same batches";
+  EXPECT_GT(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), k.parses);
 }
 
 // A kept dataset that fits the budget with little to spare is not parsed again by the next
@@ -855,20 +871,10 @@ TEST_F(MetricsEndpoint, KeptChunksGiveWayWhenTheChunkCacheNeedsTheRoom) {
 // charge dropped the least recently used kept chunk, the next one to be read).
 TEST_F(MetricsEndpoint, AKeptDatasetThatJustFitsIsNotParsedAgain) {
   TempDir dir;
-  const std::string config = KeptAndPlain(dir);
-  std::string expected;
-  const double kept_bytes = KeptBytes(config, &expected);
-  ASSERT_GT(kept_bytes, 0);
-  ServiceOptions o = options_;
-  o.chunk_cache_bytes = static_cast<uint64_t>(kept_bytes * 1.02);
-  Daemon d(o, config);
-  EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
-  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
-  const double first = DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept");
-  EXPECT_GT(first, 0);
+  KeptDaemon k = StartKeptDaemon([this] { return Page(); }, options_, KeptAndPlain(dir), 1.02);
   for (int i = 0; i < 2; ++i) {
-    EXPECT_TRUE(ReadAll(d, "kept") == expected) << "not the same batches";
-    EXPECT_EQ(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), first) << "subscription " << i + 2;
+    EXPECT_TRUE(ReadAll(*k.daemon, "kept") == k.expected) << "not the same batches";
+    EXPECT_EQ(DatasetMetric(Page(), "conveyor_chunks_parsed_total", "kept"), k.parses) << "subscription " << i + 2;
   }
 }
 
