@@ -191,6 +191,13 @@ void StreamReactor::Destroy() {
     current_.Clear();
     current_payload_.reset();
   }
+  // The producer touches nothing any more: its loader (the parsed chunks it holds) and
+  // assembler go now, in the order the destructor would take, so that what the service does
+  // once no stream is left (drop the chunks kept for readers, give freed memory back) and
+  // what a new subscription's chunk admission sees find this stream's memory freed, not
+  // freed a moment later by `delete this`.
+  loader_.reset();
+  assembler_.reset();
   service_->releaser_.Request();
   service_->Unregister(this);  // the service may be gone after this
   delete this;
