@@ -10,14 +10,15 @@ scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 300 -E '^python_torch$'
 # python_torch (about 90 forked DataLoader workers) runs alone, after the rest: its workers'
-# timing is what it checks, and a loaded machine only slows it. A worker can still hang in
-# gRPC's own fork handler (README, "Forking": 2 of 4 suite runs and 2 of 14 loaded runs on
-# 2 cores, 2026-11-27), so a timed-out run (90 s; a run takes 30-60 s) is tried once more,
-# said out loud; a failure of any other kind is not.
+# timing is what it checks, and a loaded machine only slows it. Workers used to hang in
+# gRPC's own fork handler (2 of 4 suite runs, 2026-11-27) until conveyor kept that handler
+# from running Python in the child (README, "Forking", 2026-11-28); a timed-out run (90 s;
+# a run takes 30-60 s) is still tried once more, said out loud, in case a hang of another
+# kind is left. A failure of any other kind is not.
 torch_log="$(mktemp)"
 if ! ctest --test-dir build --output-on-failure -R '^python_torch$' 2>&1 | tee "$torch_log"; then
   if grep -q 'python_torch .*\*\*\*Timeout' "$torch_log"; then
-    echo "conveyor: python_torch timed out (a worker stuck in gRPC's fork handler: README, Forking); running it once more" >&2
+    echo "conveyor: python_torch timed out (a DataLoader worker stuck? README, Forking); running it once more" >&2
     ctest --test-dir build --output-on-failure -R '^python_torch$'
   else
     rm -f "$torch_log"

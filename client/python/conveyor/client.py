@@ -263,34 +263,116 @@ _CLIENTS = weakref.WeakSet()
 # Held from just before a fork until it is done (in the parent), so that no thread opens a
 # channel meanwhile.
 _FORK_LOCK = threading.Lock()
-# The GIL's switch interval while a fork is under way (see _before_fork), and the one before.
+# The GIL's switch interval while a fork is under way when gRPC's child handler could not be
+# kept from running Python (see _before_fork), and the one before.
 _FORK_SWITCH_INTERVAL = 0.05
 _switch_interval = None
+
+
+class _GrpcChildHandlerGuard:
+    """Keeps gRPC's fork handler from running Python code in a forked child.
+
+    gRPC Python (1.51 here) registers its fork handlers with pthread_atfork when its first
+    channel is made. The child's handler runs inside fork(), before the interpreter has
+    re-initialized its GIL for the child, and it runs Python code there (threading.Condition(),
+    time.sleep()). If another thread of the parent was asking for the GIL when the fork copied
+    the process, the child's eval loop honours that inherited request: it hands the GIL to a
+    thread that does not exist in the child and waits forever (gdb: inside os.fork(), in
+    cygrpc's handler, on the GIL's switch condition). Raising the switch interval around the
+    fork only narrows that window (a 3 GB trainer beside busy threads: 1 child in 300 still
+    hung), so the handler is kept from running any Python at all:
+
+    - its first statement returns when `cygrpc._fork_handler_failed` is true (the flag gRPC's
+      prepare handler sets when it could not stop its threads), a module global read without
+      running Python code;
+    - a prepare handler of ours, registered with pthread_atfork before gRPC registers its own
+      (so run after gRPC's prepare, which clears the flag: prepare handlers run in reverse
+      order), sets the flag right before the fork;
+    - in the child, after the interpreter is whole again (os.register_at_fork's after_in_child),
+      `after_fork_in_child` does what gRPC's handler would have done: new locks and thread
+      counts, the reset of calls that were waiting for the fork, the next fork epoch, its
+      channels closed, the fork over. (Its last step, waiting up to 1.5 s for gRPC's core to
+      shut down, is not needed: conveyor's own calls and channels ended before the fork, and
+      gRPC's core restarts its threads in the child in a C handler of its own.)
+
+    Installed only where gRPC has fork support on, has these internals, and has not registered
+    its handlers yet (a channel made before conveyor was imported): otherwise `active` is false
+    and forks fall back to the switch-interval guard of _before_fork.
+    """
+
+    _STATE = ("fork_handler_registered", "fork_in_progress_condition", "fork_in_progress", "active_thread_count",
+              "postfork_states_to_reset", "fork_epoch", "channels")
+
+    def __init__(self):
+        self.active = False
+        self.cygrpc = None
+        self._callback = None
+        try:
+            import ctypes
+            from grpc._cython import cygrpc
+        except ImportError:
+            return
+        state = getattr(cygrpc, "_fork_state", None)
+        if (not getattr(cygrpc, "is_fork_support_enabled", lambda: False)() or state is None
+                or not hasattr(cygrpc, "_fork_handler_failed") or not hasattr(cygrpc, "_ActiveThreadCount")
+                or not all(hasattr(state, a) for a in self._STATE) or state.fork_handler_registered):
+            return
+        try:
+            register = getattr(ctypes.CDLL(None), "__register_atfork")  # what pthread_atfork calls (glibc)
+        except AttributeError:
+            return
+        register.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        register.restype = ctypes.c_int
+        self.cygrpc = cygrpc
+        self._active_thread_count = cygrpc._ActiveThreadCount  # as loaded, whatever replaces it later
+        self._callback = ctypes.CFUNCTYPE(None)(self._prepare)  # kept alive: the handler stays registered
+        self.active = register(ctypes.cast(self._callback, ctypes.c_void_p), None, None, None) == 0
+
+    def _prepare(self):
+        # Runs in the parent, last of the prepare handlers, right before the fork: gRPC's
+        # prepare handler has just cleared the flag.
+        self.cygrpc._fork_handler_failed = True
+
+    def after_fork_in_parent(self):
+        self.cygrpc._fork_handler_failed = False
+
+    def after_fork_in_child(self):
+        # The flag stays set until the next fork's prepare handler clears it: a gRPC whose
+        # child handler is a Python one (registered with os.register_at_fork, run after this
+        # one) finds it too, and leaves the child as this left it.
+        cygrpc = self.cygrpc
+        state = cygrpc._fork_state
+        if not cygrpc._fork_handler_failed or not state.fork_handler_registered:
+            return  # gRPC's handler ran (or there is none): nothing was left undone
+        state.fork_in_progress_condition = threading.Condition()
+        state.active_thread_count = self._active_thread_count()
+        for reset in state.postfork_states_to_reset:
+            reset.reset_postfork_child()
+        state.postfork_states_to_reset = []
+        state.fork_epoch += 1
+        for channel in list(state.channels):
+            channel._close_on_fork()
+        with state.fork_in_progress_condition:
+            state.fork_in_progress = False
+
+
+_GRPC_FORK_GUARD = _GrpcChildHandlerGuard()
 
 
 def _before_fork():
     """Makes a fork safe for gRPC (DataLoader workers fork the trainer).
 
-    gRPC's fork support (on by default here: conveyor/__init__.py) runs a fork handler in the
-    child, and that handler runs Python code before the interpreter has re-initialized its
-    GIL for the child. If another thread of the parent was asking for the GIL at the moment
-    of the fork (it asks after waiting one switch interval, 5 ms by default), that request is
-    inherited: the child's handler hands the GIL over to a thread that no longer exists and
-    waits forever (gdb: inside os.fork(), in the handler, on the GIL's switch condition; found
-    as a DataLoader worker that never started, about one python_torch run in eight). So:
-
     - every call of this process ends (its subscription resumes at its cursor with the next
       batch, exactly as after a broken connection) and every client closes its channels
-      (reopened when next used, in the parent and the child alike): no gRPC thread is left
-      to want the GIL, and the child inherits no call;
-    - the switch interval is raised to 50 ms for the length of the fork, and this thread
-      gives up the GIL once and takes it back: taking it clears any pending request, and no
-      other thread can ask again before a whole interval has passed, longer than the rest
-      of the fork takes (a process whose other threads hold the GIL in Python code waits up
-      to that long for it at each fork).
-
-    Measured with a thread spinning in Python beside the forks: 11 of 300 children hung
-    before, 0 of 400 after (tests/python/test_client.py keeps that check).
+      (reopened when next used, in the parent and the child alike): the child inherits no
+      call, and gRPC's prepare handler finds none of our threads to wait for;
+    - gRPC's child handler runs no Python code (_GrpcChildHandlerGuard): a child can no longer
+      hang inside os.fork() on a request for the GIL inherited from another thread;
+    - where that guard could not be installed, the switch interval is raised to 50 ms for the
+      length of the fork, and this thread gives up the GIL once and takes it back: taking it
+      clears any pending request, and no other thread asks again before an interval has
+      passed (narrows the window only: 11 of 300 children hung before, 0 of 400 after, with
+      a thread spinning in Python beside small forks).
     """
     global _switch_interval
     for sub in list(_IN_FLIGHT):
@@ -298,10 +380,11 @@ def _before_fork():
     for client in list(_CLIENTS):
         client._disconnect()
     _FORK_LOCK.acquire()
-    if _switch_interval is None:
-        _switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(max(_switch_interval, _FORK_SWITCH_INTERVAL))
-    time.sleep(0)  # releases the GIL and takes it again: no request is pending now
+    if not _GRPC_FORK_GUARD.active:
+        if _switch_interval is None:
+            _switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(max(_switch_interval, _FORK_SWITCH_INTERVAL))
+        time.sleep(0)  # releases the GIL and takes it again: no request is pending now
 
 
 def _restore_switch_interval():
@@ -313,12 +396,16 @@ def _restore_switch_interval():
 
 def _after_fork_in_parent():
     _restore_switch_interval()
+    if _GRPC_FORK_GUARD.active:
+        _GRPC_FORK_GUARD.after_fork_in_parent()
     _FORK_LOCK.release()
 
 
 def _after_fork_in_child():
     global _FORK_LOCK
     _restore_switch_interval()
+    if _GRPC_FORK_GUARD.active:
+        _GRPC_FORK_GUARD.after_fork_in_child()
     _FORK_LOCK = threading.Lock()
     for client in list(_CLIENTS):
         client._lock = threading.Lock()

@@ -156,13 +156,21 @@ def _warn_if_fork_unsafe(it):
     global _warned_fork
     context = getattr(it, "_multiprocessing_context", None)
     method = context.get_start_method() if context is not None else torch.multiprocessing.get_start_method()
-    if conveyor.FORK_SAFE_GRPC or method != "fork" or _warned_fork:
+    if method != "fork" or _warned_fork:
+        return
+    if not conveyor.FORK_SAFE_GRPC:
+        message = ("grpc was imported before conveyor without fork support, so DataLoader workers (forked) may hang "
+                   "when they connect. Import conveyor first, or set GRPC_ENABLE_FORK_SUPPORT=true and "
+                   "GRPC_POLL_STRATEGY=poll in the environment, or use DataLoader(..., "
+                   "multiprocessing_context='forkserver')")
+    elif not conveyor.client._GRPC_FORK_GUARD.active:
+        message = ("a gRPC channel was made before conveyor was imported, so gRPC's fork handler runs Python in each "
+                   "forked DataLoader worker, which rarely hangs a worker at start (README, Forking). Import conveyor "
+                   "before anything that uses gRPC, or use DataLoader(..., multiprocessing_context='forkserver')")
+    else:
         return
     _warned_fork = True
-    warnings.warn(
-        "conveyor: grpc was imported before conveyor without fork support, so DataLoader workers (forked) may hang "
-        "when they connect. Import conveyor first, or set GRPC_ENABLE_FORK_SUPPORT=true and GRPC_POLL_STRATEGY=poll "
-        "in the environment, or use DataLoader(..., multiprocessing_context='forkserver')", RuntimeWarning)
+    warnings.warn("conveyor: " + message, RuntimeWarning)
 
 
 _warned_fork = False
