@@ -168,6 +168,10 @@ from grpc._cython import cygrpc
 client = conveyor.Client(sys.argv[2])
 stream = iter(client.subscribe("simple", minibatch_size=10, epochs=100000))
 next(stream)  # gRPC and its fork handlers are set up; a stream is open
+import grpc
+user_channel = grpc.insecure_channel(sys.argv[2])  # one of the trainer's own, open across forks
+list_datasets = user_channel.unary_unary("/conveyor.v1.Loader/ListDatasets")
+list_datasets(b"", timeout=10)
 handler_ran = []  # gRPC's child handler makes a new thread count when it runs its Python
 class Counting(cygrpc._ActiveThreadCount):
     def __init__(self):
@@ -190,6 +194,11 @@ for i in range(forks):
         os.write(w, bytes([len(handler_ran)]))
         if i % 10:
             os._exit(0)
+        try:  # gRPC closes the parent's channels in a child (ours or gRPC's handler does)
+            list_datasets(b"", timeout=10)
+            os._exit(4)
+        except ValueError:
+            pass
         rows = len(next(iter(conveyor.Client(sys.argv[2]).subscribe("simple", minibatch_size=10, epochs=1))).keys())
         os._exit(0 if rows == 10 else 3)
     os.close(w)
@@ -228,6 +237,38 @@ os._exit(0)
                              capture_output=True, text=True, timeout=240)
         self.assertEqual(out.stdout.strip(), "guard True; 0 hung, 0 failed of 200; gRPC's child handler ran Python "
                          "in 0; switch interval during forks [0.005], after 0.005", out.stderr[-2000:])
+
+    def test_a_child_whose_grpc_cannot_be_reset_exits_instead_of_hanging(self):
+        # What gRPC's own handler does when its reset fails: the child exits (EX_USAGE), so a
+        # DataLoader reports a dead worker instead of waiting on one that hangs on its first
+        # call (conveyor's own locks are new in the child either way).
+        script = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import conveyor
+import grpc, grpc._channel
+client = conveyor.Client(sys.argv[2])
+client.list_datasets()
+channel = grpc.insecure_channel(sys.argv[2])
+def broken(self):
+    raise RuntimeError("cannot close")
+grpc._channel.Channel._close_on_fork = broken
+pid = os.fork()
+if pid == 0:
+    client.list_datasets()
+    os._exit(0)
+deadline = time.monotonic() + 20
+while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+    if time.monotonic() > deadline:
+        os.kill(pid, 9); os.waitpid(pid, 0)
+        print("hung"); os._exit(0)
+    time.sleep(0.01)
+print("exit", os.waitstatus_to_exitcode(done[1]))
+"""
+        out = subprocess.run([sys.executable, "-c", script, os.path.join(BUILD, "python"), self.address],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.stdout.strip(), f"exit {os.EX_USAGE}", out.stderr[-2000:])
+        self.assertIn("conveyor: gRPC could not be reset after a fork (RuntimeError('cannot close'))", out.stderr)
 
     def test_with_a_channel_made_before_conveyor_forks_fall_back_to_the_switch_interval(self):
         # gRPC's handlers registered before conveyor's: its prepare handler would run after

@@ -325,7 +325,11 @@ class _GrpcChildHandlerGuard:
         register.restype = ctypes.c_int
         self.cygrpc = cygrpc
         self._active_thread_count = cygrpc._ActiveThreadCount  # as loaded, whatever replaces it later
-        self._callback = ctypes.CFUNCTYPE(None)(self._prepare)  # kept alive: the handler stays registered
+        self._callback = ctypes.CFUNCTYPE(None)(self._prepare)
+        # glibc keeps the handler for the life of the process: its code must outlive this
+        # object and the interpreter's teardown of this module (a fork then would call freed
+        # memory), so it is given a reference that is never dropped.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._callback))
         self.active = register(ctypes.cast(self._callback, ctypes.c_void_p), None, None, None) == 0
 
     def _prepare(self):
@@ -366,8 +370,11 @@ def _before_fork():
       batch, exactly as after a broken connection) and every client closes its channels
       (reopened when next used, in the parent and the child alike): the child inherits no
       call, and gRPC's prepare handler finds none of our threads to wait for;
-    - gRPC's child handler runs no Python code (_GrpcChildHandlerGuard): a child can no longer
-      hang inside os.fork() on a request for the GIL inherited from another thread;
+    - gRPC's child handler runs no Python code (_GrpcChildHandlerGuard): a child forked by
+      Python (os.fork, multiprocessing, DataLoader workers) can no longer hang inside the fork
+      on a request for the GIL inherited from another thread. (A fork() called from C by a
+      thread without the GIL can still hang in that handler's first step, taking the GIL,
+      as before: nothing of conveyor's runs early enough to prevent it.)
     - where that guard could not be installed, the switch interval is raised to 50 ms for the
       length of the fork, and this thread gives up the GIL once and takes it back: taking it
       clears any pending request, and no other thread asks again before an interval has
@@ -404,8 +411,6 @@ def _after_fork_in_parent():
 def _after_fork_in_child():
     global _FORK_LOCK
     _restore_switch_interval()
-    if _GRPC_FORK_GUARD.active:
-        _GRPC_FORK_GUARD.after_fork_in_child()
     _FORK_LOCK = threading.Lock()
     for client in list(_CLIENTS):
         client._lock = threading.Lock()
@@ -414,6 +419,15 @@ def _after_fork_in_child():
         sub._watchdog = None  # its thread stayed in the parent
         sub._responses = None
     _IN_FLIGHT.clear()
+    if _GRPC_FORK_GUARD.active:
+        try:
+            _GRPC_FORK_GUARD.after_fork_in_child()
+        except BaseException as e:  # noqa: BLE001 (os.register_at_fork would swallow it)
+            # gRPC's state in this child is half reset: exit as gRPC's own handler does in
+            # that case, rather than leave a worker that hangs on its first call.
+            sys.stderr.write(f"conveyor: gRPC could not be reset after a fork ({e!r}); the child exits\n")
+            sys.stderr.flush()
+            os._exit(os.EX_USAGE)
 
 
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
