@@ -79,7 +79,15 @@ int RunIndex(const IndexArgs& args) {
     std::printf("%s: %s: %zu sequences, %llu samples, %zu chunks; index %s in %.3f s%s\n", dc.name.c_str(),
                 (*ds)->path().c_str(), index.sequences.size(), static_cast<unsigned long long>(index.total_samples),
                 index.chunks.size(), SourceText((*ds)->index_source()), secs, rate.c_str());
-    if (dc.cache_index) std::printf("  cache: %s\n", (*ds)->index_cache_path().c_str());
+    if (dc.cache_index && !(*ds)->index_cache_path().empty()) {
+      std::printf("  cache: %s\n", (*ds)->index_cache_path().c_str());
+    } else if (dc.cache_index) {
+      // Only a dataset of one CTF file keeps a cache; the others rebuild their index at each
+      // open (CBF from its chunk table and sequence lengths, HTK and Kaldi from their scp or
+      // archive), so say so instead of naming no file.
+      std::printf("  cache: none (cacheIndex applies to a dataset of one CNTKTextFormat file; this index is "
+                  "rebuilt at each open)\n");
+    }
     if (index.errors.count > 0)
       std::printf("  %llu blank rows (input errors)\n", static_cast<unsigned long long>(index.errors.count));
   }

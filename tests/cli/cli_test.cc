@@ -55,6 +55,13 @@ TEST(Cli, ConvertThenDumpTheBinaryFile) {
   ASSERT_EQ(back.code, 0) << back.out;
   EXPECT_NE(back.out.find("words            alias words    sparse dim 5000     samples 2000  nnz 34921"), std::string::npos)
       << back.out;
+  // cacheIndex on a CBF dataset: no cache file, and the command says so rather than naming none.
+  const std::string cached = dir.Write("cbf_cached.yaml", "datasets:\n  b:\n    cacheIndex: true\n    deserializers:\n"
+                                                          "      - {type: CNTKBinary, file: " + cbf + "}\n");
+  CliRun index = Conveyor("index " + cached);
+  ASSERT_EQ(index.code, 0) << index.out;
+  EXPECT_NE(index.out.find("cache: none (cacheIndex applies to a dataset of one CNTKTextFormat file"), std::string::npos)
+      << index.out;
   CliRun missing = Conveyor("convert /nonexistent.ctf " + cbf + " --config " + kExamples + " --dataset sparse");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("/nonexistent.ctf"), std::string::npos) << missing.out;
