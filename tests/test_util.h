@@ -14,6 +14,22 @@
 
 namespace conveyor::testing {
 
+// Whether this build (tests, daemon and all: CONVEYOR_SANITIZE is tree-wide) runs under
+// AddressSanitizer, whose quarantine keeps freed memory resident: RSS then says nothing of
+// what the code holds, and the tests that measure it skip that check. GCC says so with
+// __SANITIZE_ADDRESS__, clang (the fuzzers' tree) with __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kUnderAddressSanitizer = true;
+#else
+inline constexpr bool kUnderAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kUnderAddressSanitizer = false;
+#endif
+
 // The golden files written by CNTK and Kaldi (tests/data; tests/data/README.md).
 std::string TestdataDir();
 

@@ -213,12 +213,13 @@ class StreamAssembly {
   void Prepare(uint64_t range_bytes, size_t max_ranges, std::vector<absl::Span<std::byte>>* zero) {
     const uint64_t rows = plan_.shape.rows;
     // Each row's length, and what the pieces cover (dense streams): one pass.
-    auto* lengths = L_.lengths.present() ? reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset) : nullptr;
+    // (A batch with no rows has empty arrays and perhaps no memory: nothing is written then.)
+    auto* lengths = L_.lengths.present() && rows > 0 ? reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset) : nullptr;
     if (lengths != nullptr) std::memset(lengths, 0, rows * sizeof(int32_t));
     const bool dense_format = L_.format == StreamFormat::kDense && L_.dense_values();
     uint64_t covered = 0;
     bool from_step_0 = true;
-    if (lengths != nullptr || dense_format) {
+    if ((lengths != nullptr || dense_format) && !pieces_.empty()) {
       const uint32_t* counts = plan_.counts.data() + s_;
       const size_t stride = plan_.num_streams;
       for (size_t i = 0; i < pieces_.size(); ++i) {
@@ -390,11 +391,13 @@ class StreamAssembly {
 };
 
 // Zeroes the alignment gaps between `plan`'s arrays (and the tail), so every byte is defined.
+// Only gaps that exist: a batch with no rows has zero bytes and may have no memory at all
+// (null `dst`), and memset on a null pointer is undefined even for zero bytes.
 void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
   uint64_t cursor = 0;
   auto gap_to = [&](const ArrayDesc& a) {
     if (!a.present()) return;
-    std::memset(dst + cursor, 0, a.offset - cursor);
+    if (a.offset > cursor) std::memset(dst + cursor, 0, a.offset - cursor);
     cursor = a.offset + a.bytes;
   };
   gap_to(plan.mask);
@@ -407,7 +410,7 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
     gap_to(L.colind);
     gap_to(L.values);
   }
-  std::memset(dst + cursor, 0, plan.total_bytes - cursor);
+  if (plan.total_bytes > cursor) std::memset(dst + cursor, 0, plan.total_bytes - cursor);
 }
 
 // Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
@@ -527,6 +530,9 @@ class CpuAssembler final : public BatchAssembler {
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
+    // A batch of no bytes (no rows, no sparse stream): nothing to write, and its destination
+    // may have no memory at all (every array offset would be taken from a null pointer).
+    if (plan.total_bytes == 0) return absl::OkStatus();
     const int workers = Workers(plan, /*now=*/true);  // joined at once: idle helpers only
     auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
     if (!NarrowsValues(plan)) {

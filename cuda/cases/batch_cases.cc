@@ -157,6 +157,13 @@ std::vector<CaseSpec> StandardCases() {
   // kScatterBandEntries: split over several blocks and threads.
   add("sparse_csc_long_pieces", 6, Mode::kSequence, 300, f, {{F::kSparse, 5000, L::kNative, 0, 200}});
   add("sparse_dense_long", 16, Mode::kFrame, 1, f, {{F::kSparse, 300, L::kDense, 0, 600}});
+  // No rows: what a rank that owns no chunk of a minibatch gets. Dense alone: a batch of no
+  // bytes (a null destination); with sparse streams: a colptr of one 0, a CSR rowptr of zeros.
+  add("empty_dense_frame", 0, Mode::kFrame, 1, f, {{F::kDense, 3}, {F::kIds, 10}});
+  add("empty_mixed_sequences", 0, Mode::kSequence, 5, f,
+      {{F::kDense, 4}, {F::kSparse, 100, L::kNative, 0.2}, {F::kSparse, 50, L::kCsr}, {F::kIds, 7},
+       {F::kSparse, 20, L::kDense}});
+  add("empty_bptt", 0, Mode::kBptt, 6, d, {{F::kDense, 2}, {F::kSparse, 30, L::kNative}});
   add("everything_large", 8192, Mode::kFrame, 1, f,
       {{F::kDense, 64}, {F::kSparse, 1000000, L::kNative, 0.05, 40}, {F::kSparse, 30000, L::kCsr, 0.1, 10},
        {F::kIds, 100}, {F::kSparse, 256, L::kDense, 0, 8}});

@@ -116,9 +116,14 @@ class TorchTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        died = cls.daemon.poll()  # before the end of the suite: its log says why
         cls.daemon.terminate()
         cls.daemon.wait(timeout=30)
         cls.log.close()
+        if died is not None:
+            with open(os.path.join(cls.tmp.name, "conveyord.log"), "rb") as f:
+                tail = f.read().decode(errors="replace").splitlines()[-80:]
+            sys.stderr.write("conveyord ended during the suite (status %d); its log ends:\n%s\n" % (died, "\n".join(tail)))
         cls.tmp.cleanup()
 
     def dataset(self, name="sparse", **kwargs):

@@ -108,9 +108,9 @@ uint64_t ResidentBytes() {
 }
 
 TEST(StreamMemory, RssStaysFlatOnAFileTenTimesTheWindow) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer keeps freed memory in quarantine, so RSS cannot show the loader's footprint";
-#endif
+  if (kUnderAddressSanitizer) {
+    GTEST_SKIP() << "AddressSanitizer keeps freed memory in quarantine, so RSS cannot show the loader's footprint";
+  }
   TempDir dir;
   std::string data;
   // ~48 MB of dense text in 1 MiB chunks; the window is 2 chunks: the file is 24x the window.
