@@ -213,13 +213,12 @@ class StreamAssembly {
   void Prepare(uint64_t range_bytes, size_t max_ranges, std::vector<absl::Span<std::byte>>* zero) {
     const uint64_t rows = plan_.shape.rows;
     // Each row's length, and what the pieces cover (dense streams): one pass.
-    // (A batch with no rows has empty arrays and perhaps no memory: nothing is written then.)
-    auto* lengths = L_.lengths.present() && rows > 0 ? reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset) : nullptr;
+    auto* lengths = L_.lengths.present() ? reinterpret_cast<int32_t*>(dst_ + L_.lengths.offset) : nullptr;
     if (lengths != nullptr) std::memset(lengths, 0, rows * sizeof(int32_t));
     const bool dense_format = L_.format == StreamFormat::kDense && L_.dense_values();
     uint64_t covered = 0;
     bool from_step_0 = true;
-    if ((lengths != nullptr || dense_format) && !pieces_.empty()) {
+    if ((lengths != nullptr || dense_format) && !pieces_.empty()) {  // (no counts to offset without pieces)
       const uint32_t* counts = plan_.counts.data() + s_;
       const size_t stride = plan_.num_streams;
       for (size_t i = 0; i < pieces_.size(); ++i) {
@@ -391,13 +390,11 @@ class StreamAssembly {
 };
 
 // Zeroes the alignment gaps between `plan`'s arrays (and the tail), so every byte is defined.
-// Only gaps that exist: a batch with no rows has zero bytes and may have no memory at all
-// (null `dst`), and memset on a null pointer is undefined even for zero bytes.
 void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
   uint64_t cursor = 0;
   auto gap_to = [&](const ArrayDesc& a) {
     if (!a.present()) return;
-    if (a.offset > cursor) std::memset(dst + cursor, 0, a.offset - cursor);
+    std::memset(dst + cursor, 0, a.offset - cursor);
     cursor = a.offset + a.bytes;
   };
   gap_to(plan.mask);
@@ -410,7 +407,7 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
     gap_to(L.colind);
     gap_to(L.values);
   }
-  if (plan.total_bytes > cursor) std::memset(dst + cursor, 0, plan.total_bytes - cursor);
+  std::memset(dst + cursor, 0, plan.total_bytes - cursor);
 }
 
 // Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
@@ -532,6 +529,7 @@ class CpuAssembler final : public BatchAssembler {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
     // A batch of no bytes (no rows, no sparse stream): nothing to write, and its destination
     // may have no memory at all (every array offset would be taken from a null pointer).
+    // Begin() sends such a batch here too, so nothing below sees a null destination.
     if (plan.total_bytes == 0) return absl::OkStatus();
     const int workers = Workers(plan, /*now=*/true);  // joined at once: idle helpers only
     auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(workers, n, task); };
@@ -561,7 +559,7 @@ class CpuAssembler final : public BatchAssembler {
     Begun b;
     b.fence = ++fences_;
     const int workers = Workers(plan);
-    if (workers == 1 || NarrowsValues(plan)) {
+    if (workers == 1 || NarrowsValues(plan) || plan.total_bytes == 0) {
       b.status = Assemble(plan, pieces, dst);
     } else {
       // The batch's own setup (gaps, lengths, zeroing) is joined at once: idle helpers only;

@@ -49,16 +49,14 @@ TEST(Cli, ConvertThenDumpTheBinaryFile) {
                          kExamples + " --dataset sparse --chunk-size 65536");
   ASSERT_EQ(conv.code, 0) << conv.out;
   EXPECT_NE(conv.out.find("2000 sequences, 2000 samples"), std::string::npos) << conv.out;
-  const std::string config = dir.Write("cbf.yaml", "datasets:\n  b:\n    randomize: false\n    deserializers:\n"
-                                                   "      - {type: CNTKBinary, file: " + cbf + "}\n");
+  const std::string config = dir.Write("cbf.yaml", "datasets:\n  b:\n    randomize: false\n    cacheIndex: true\n"
+                                                   "    deserializers:\n      - {type: CNTKBinary, file: " + cbf + "}\n");
   CliRun back = Conveyor("inspect " + config);
   ASSERT_EQ(back.code, 0) << back.out;
   EXPECT_NE(back.out.find("words            alias words    sparse dim 5000     samples 2000  nnz 34921"), std::string::npos)
       << back.out;
   // cacheIndex on a CBF dataset: no cache file, and the command says so rather than naming none.
-  const std::string cached = dir.Write("cbf_cached.yaml", "datasets:\n  b:\n    cacheIndex: true\n    deserializers:\n"
-                                                          "      - {type: CNTKBinary, file: " + cbf + "}\n");
-  CliRun index = Conveyor("index " + cached);
+  CliRun index = Conveyor("index " + config);
   ASSERT_EQ(index.code, 0) << index.out;
   EXPECT_NE(index.out.find("cache: none (cacheIndex applies to a dataset of one CNTKTextFormat file"), std::string::npos)
       << index.out;
