@@ -164,13 +164,20 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
   auto prefetch_place = [&](size_t i) __attribute__((always_inline)) {
     const PieceRef& p = pieces[i];
     __builtin_prefetch(&p.chunk->keys[p.slot]);
-    for (size_t s = 0; s < ns; ++s) __builtin_prefetch(&p.chunk->streams[s].sequence_begin[p.slot]);
+    for (size_t s = 0; s < ns; ++s) {
+      const uint64_t* sb = p.chunk->streams[s].sequence_begin.data() + p.slot;
+      __builtin_prefetch(sb);
+      __builtin_prefetch(sb + 1);  // the next line, one piece in eight
+    }
   };
   auto prefetch_entries = [&](size_t i) __attribute__((always_inline)) {
     const PieceRef& p = pieces[i];
     for (size_t s = 0; s < ns; ++s) {
       const ParsedStream& ps = p.chunk->streams[s];
-      if (sparse[s]) __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
+      if (sparse[s]) {
+        __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
+        __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot + 1]]);
+      }
     }
   };
   for (size_t i = 0; i < std::min(pieces.size(), 2 * ahead); ++i) prefetch_place(i);
