@@ -142,7 +142,7 @@ bool ScatteredPieces(absl::Span<const PieceRef> pieces) {
 
 // Every piece placed (plan->pieces, plan->counts), the batch's samples counted, and each
 // stream's extent (longest piece end, samples, entries) in the same pass.
-absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape,
+absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape, size_t value_bytes,
                          absl::Span<const PieceRef> pieces, BatchPlan* plan, std::vector<StreamExtent>* extents) {
   int main_stream = -1;
   for (size_t s = 0; s < streams.size(); ++s)
@@ -154,7 +154,12 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
   extents->assign(ns, StreamExtent{});
   const bool bptt = shape.steps > 0;
   std::vector<uint8_t> sparse(ns);
-  for (size_t s = 0; s < ns; ++s) sparse[s] = streams[s].format == StreamFormat::kSparse;
+  bool any_sparse = false;
+  for (size_t s = 0; s < ns; ++s) {
+    sparse[s] = streams[s].format == StreamFormat::kSparse;
+    any_sparse = any_sparse || sparse[s];
+  }
+  if (any_sparse) plan->entries.assign(pieces.size() * ns, PieceEntries{});
   // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
   // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
   // needs the first), the misses of many pieces overlap; the assembler then finds these lines
@@ -165,9 +170,14 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     const PieceRef& p = pieces[i];
     __builtin_prefetch(&p.chunk->keys[p.slot]);
     for (size_t s = 0; s < ns; ++s) {
-      const uint64_t* sb = p.chunk->streams[s].sequence_begin.data() + p.slot;
+      const ParsedStream& ps = p.chunk->streams[s];
+      const uint64_t* sb = ps.sequence_begin.data() + p.slot;
       __builtin_prefetch(sb);
       __builtin_prefetch(sb + 1);  // the next line, one piece in eight
+      if (!ps.sparse_indices_in_place.empty()) {  // where its entries lie (CBF)
+        __builtin_prefetch(&ps.sparse_indices_in_place[p.slot]);
+        __builtin_prefetch(&ps.sparse_values_in_place[p.slot]);
+      }
     }
   };
   auto prefetch_entries = [&](size_t i) __attribute__((always_inline)) {
@@ -209,8 +219,16 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
       x.max_length = std::max<uint64_t>(x.max_length, p.t0 + c);
       x.num_samples += c;
       if (sparse[s] && c > 0) {
-        const HugeVector<uint64_t>& nnz = p.chunk->streams[s].nnz_begin;
-        x.nnz += nnz[b + c] - nnz[b];
+        const ParsedStream& ps = p.chunk->streams[s];
+        const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
+        x.nnz += ne - nb;
+        PieceEntries& e = plan->entries[i * ns + s];
+        e.count = ne - nb;
+        e.first_sample = b;
+        if (ne > nb) {  // (an empty vector's data() may be null: no address from it)
+          e.indices = ps.SparseIndexBytes(p.slot, nb);
+          e.values = ps.SparseValueBytes(p.slot, nb, value_bytes);
+        }
       }
     }
     pp.longest = longest;
@@ -298,7 +316,8 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
   plan.shape = shape;
   plan.num_sequences = pieces.size();
   std::vector<StreamExtent> extents;
-  if (absl::Status st = PlacePieces(streams, shape, pieces, &plan, &extents); !st.ok()) return st;
+  const size_t value_bytes = precision == Precision::kFloat ? sizeof(float) : sizeof(double);
+  if (absl::Status st = PlacePieces(streams, shape, value_bytes, pieces, &plan, &extents); !st.ok()) return st;
   const uint64_t n = shape.rows;
   uint64_t cursor = 0;
   if (shape.steps > 0) {

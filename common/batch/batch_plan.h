@@ -67,6 +67,17 @@ struct PlacedPiece {
   uint32_t longest = 0;  // samples of its longest stream
 };
 
+// Where a piece's entries of a sparse stream lie in its chunk (indices int32, values in the
+// dataset's precision, any alignment), found while planning: PlanBatch reads each piece's
+// sample and entry range anyway, and a randomized gather would miss the cache on those tables
+// again.
+struct PieceEntries {
+  const std::byte* indices = nullptr;
+  const std::byte* values = nullptr;
+  uint64_t count = 0;         // entries
+  uint64_t first_sample = 0;  // of the piece, in the chunk's samples of the stream (nnz_begin)
+};
+
 struct BatchPlan {
   Precision precision = Precision::kFloat;
   BatchShape shape;
@@ -79,6 +90,11 @@ struct BatchPlan {
   size_t num_streams = 0;
   std::vector<uint32_t> counts;  // [piece][stream]: samples written
   uint32_t count(size_t piece, size_t stream) const { return counts[piece * num_streams + stream]; }
+  // [piece][stream], sparse streams' only (others zero; empty when no stream is sparse), for
+  // the CPU assembler: pointers into the pieces' chunks, valid while they are held (the
+  // loader clears them when it hands the batch out). Not sent; a plan without them is
+  // assembled from the chunks' tables.
+  std::vector<PieceEntries> entries;
 };
 
 // Largest batch a plan may lay out (a sparse stream asked for as dense can be huge).

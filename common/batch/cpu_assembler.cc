@@ -128,9 +128,47 @@ void BuildCscAs(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> piec
   auto fill_to = [&](uint64_t end_col) {  // empty columns up to end_col
     for (; col < end_col; ++col) colptr[col] = static_cast<Ptr>(nnz);
   };
-  // Randomized, a piece's entries are found through three tables in turn (its sample range in
-  // sequence_begin, its entry range in nnz_begin, and where they lie: in_place or the
-  // columns), each another miss that the next load waits for. Asked for in three stages, each
+  if (!plan.entries.empty()) {
+    // Where each piece's entries lie came with the plan: no table of the chunk is read
+    // again, but nnz_begin for the columns of a piece of several samples.
+    const size_t ns = plan.num_streams;
+    const PieceEntries* const E = plan.entries.data() + s;
+    const uint32_t* const counts = plan.counts.data() + s;
+    auto prefetch_entries = [&](size_t o) __attribute__((always_inline)) {
+      const size_t i = order[o];
+      const PieceEntries& e = E[i * ns];
+      if (e.count == 0) return;
+      PrefetchBytes(e.indices, e.count * sizeof(int32_t));
+      PrefetchBytes(e.values, e.count * sizeof(T));
+      if (counts[i * ns] > 1) __builtin_prefetch(&pieces[i].chunk->streams[s].nnz_begin[e.first_sample]);
+    };
+    const size_t ahead = scattered ? kAhead : 0;
+    for (size_t o = begin; o < std::min(end, begin + ahead); ++o) prefetch_entries(o);
+    for (size_t o = begin; o < end; ++o) {
+      if (o + ahead < end && scattered) prefetch_entries(o + ahead);
+      const size_t i = order[o];
+      const PieceRef& p = pieces[i];
+      const PieceEntries& e = E[i * ns];
+      const uint32_t c = counts[i * ns];
+      fill_to(p.row * T_len + p.t0);
+      if (c == 1) {
+        colptr[col++] = static_cast<Ptr>(nnz);
+      } else if (c > 1) {
+        const uint64_t* nb = p.chunk->streams[s].nnz_begin.data() + e.first_sample;
+        for (uint32_t t = 0; t < c; ++t) colptr[col++] = static_cast<Ptr>(nnz + nb[t] - nb[0]);
+      }
+      if (e.count == 0) continue;
+      std::memcpy(rowind + nnz, e.indices, e.count * sizeof(int32_t));
+      std::memcpy(values + nnz, e.values, e.count * sizeof(T));
+      nnz += e.count;
+    }
+    if (end == order.size()) fill_to(plan.shape.rows * T_len + 1);
+    return;
+  }
+  // A plan without the entries' addresses (one made elsewhere): randomized, a piece's entries
+  // are found through three tables in turn (its sample range in sequence_begin, its entry
+  // range in nnz_begin, and where they lie: in_place or the columns), each another miss that
+  // the next load waits for. Asked for in three stages, each
   // a distance of `ahead` pieces after the one before, so that each stage's loads find their
   // lines in cache and only prefetches wait: the misses of many pieces overlap (a chain of
   // loads at one distance stalled the copy loop on every piece: 60% of its samples).
@@ -215,10 +253,17 @@ std::vector<CscStart> CscStarts(const BatchPlan& plan, size_t s, absl::Span<cons
   for (size_t o = 0; o < order.size(); ++o) {
     while (r < starts.size() && cuts[r] == o) starts[r++] = at;
     const PieceRef& p = pieces[order[o]];
-    const ParsedStream& ps = p.chunk->streams[s];
-    uint64_t b;
-    const uint32_t c = PieceSamples(p, s, &b);
-    at.nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
+    uint32_t c;
+    if (!plan.entries.empty()) {  // (what the plan found: no table read again)
+      const size_t k = order[o] * plan.num_streams + s;
+      c = plan.counts[k];
+      at.nnz += plan.entries[k].count;
+    } else {
+      const ParsedStream& ps = p.chunk->streams[s];
+      uint64_t b;
+      c = PieceSamples(p, s, &b);
+      at.nnz += ps.nnz_begin[b + c] - ps.nnz_begin[b];
+    }
     at.col = std::max(at.col, p.row * T_len + p.t0 + c);  // (pieces in column order: the last one's end)
   }
   while (r < starts.size()) starts[r++] = at;

@@ -292,6 +292,7 @@ absl::Status Loader::Complete(Batch* out) {
   for (uint64_t t : f->used) Unref(t);
   RETURN_IF_ERROR(st);
   *out = std::move(f->batch);
+  out->plan.entries = {};  // addresses in the chunks just given back
   out->bytes = absl::MakeConstSpan(f->dst.data(), out->plan.total_bytes);
   return absl::OkStatus();
 }

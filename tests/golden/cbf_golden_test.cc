@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/batch/assembler.h"
 #include "common/config/config_loader.h"
 #include "common/convert/cbf_writer.h"
 #include "common/formats/cbf/cbf_layout.h"
@@ -320,6 +322,87 @@ TEST(Cbf, SparseEntriesAreUsedWhereTheyLie) {
     const std::string again = dir.path() + "/again.cbf";
     ASSERT_TRUE(WriteCbf(**back, again, wo).ok());
     EXPECT_EQ(ReadFile(again), ReadFile(out));
+  }
+}
+
+// A randomized gather of CBF entries used where they lie and of the same entries parsed from
+// text into columns: the plan says where each piece's entries lie (PlanBatch found them), and
+// the CPU assembler copies from there; a plan without that (entries cleared) is assembled from
+// the chunks' tables. The four batches are the same bytes, in CSC and CSR.
+TEST(Cbf, ARandomGatherIsTheSameWhetherThePlanSaysWhereEntriesLie) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 600; ++i) {
+    for (int t = 0; t <= i % 4; ++t) {  // sequences of 1-4 samples, some without entries
+      text += std::to_string(i) + " |d " + std::to_string(i) + " |s " +
+              (i % 7 == 3 ? std::string() : std::to_string((i * 13 + t) % 40) + ":0.25 " + std::to_string(40 + i % 9) + ":3") +
+              "\n";
+    }
+  }
+  for (Precision precision : {Precision::kFloat, Precision::kDouble}) {
+    SCOPED_TRACE(precision == Precision::kFloat ? "float" : "double");
+    DatasetConfig config = CtfDataset(dir.Write("g.ctf", text), "{d: {dim: 1, format: dense}, s: {dim: 50, format: sparse}}",
+                                      "randomize: false");
+    config.precision = precision;
+    auto ctf = Dataset::Open(config);
+    ASSERT_TRUE(ctf.ok()) << ctf.status();
+    CbfWriteOptions wo;
+    wo.chunk_size = 900;
+    const std::string out = dir.path() + "/g.cbf";
+    ASSERT_TRUE(WriteCbf(**ctf, out, wo).ok());
+    auto cbf = Dataset::Open(CbfDataset(out, precision));
+    ASSERT_TRUE(cbf.ok()) << cbf.status();
+    ASSERT_GT((*cbf)->index().chunks.size(), 8u);
+    // Every sequence of each dataset, one piece a row, rows in a shuffled order.
+    std::vector<uint32_t> row(600);
+    for (uint32_t i = 0; i < row.size(); ++i) row[i] = i;
+    std::mt19937 rng(5);
+    std::shuffle(row.begin(), row.end(), rng);
+    auto batch = [&](const Dataset& ds, OutputLayout layout, bool with_entries) {
+      std::vector<std::unique_ptr<ParsedChunk>> chunks;
+      std::vector<PieceRef> pieces;
+      for (uint64_t c = 0; c < ds.index().chunks.size(); ++c) {
+        auto chunk = ds.ParseChunk(c);
+        EXPECT_TRUE(chunk.ok()) << chunk.status();
+        if (!chunk.ok()) return std::vector<std::byte>();
+        for (uint32_t k = 0; k < (*chunk)->num_sequences(); ++k) {
+          PieceRef p;
+          p.chunk = chunk->get();
+          p.slot = k;
+          p.row = 0;
+          pieces.push_back(p);
+        }
+        chunks.push_back(*std::move(chunk));
+      }
+      EXPECT_EQ(pieces.size(), row.size());
+      if (pieces.size() != row.size()) return std::vector<std::byte>();
+      std::vector<PieceRef> shuffled(pieces.size());
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        shuffled[row[i]] = pieces[i];
+        shuffled[row[i]].row = row[i];
+      }
+      // Read in row order: each piece from a random place (a scattered gather, prefetched).
+      BatchShape shape;
+      shape.rows = static_cast<uint32_t>(row.size());
+      const std::vector<OutputLayout> layouts{OutputLayout::kNative, layout};
+      auto plan = PlanBatch(ds.streams(), precision, shape, shuffled, layouts);
+      EXPECT_TRUE(plan.ok()) << plan.status();
+      if (!plan.ok()) return std::vector<std::byte>();
+      EXPECT_EQ(plan->entries.size(), shuffled.size() * 2);
+      if (!with_entries) plan->entries.clear();
+      std::vector<std::byte> bytes(plan->total_bytes, std::byte{0x5A});
+      absl::Status st = MakeCpuAssembler()->Assemble(*plan, shuffled, absl::MakeSpan(bytes));
+      EXPECT_TRUE(st.ok()) << st;
+      return bytes;
+    };
+    for (OutputLayout layout : {OutputLayout::kCsc, OutputLayout::kCsr}) {
+      SCOPED_TRACE(OutputLayoutName(layout));
+      const std::vector<std::byte> want = batch(**ctf, layout, false);
+      ASSERT_FALSE(want.empty());
+      EXPECT_EQ(batch(**ctf, layout, true), want);
+      EXPECT_EQ(batch(**cbf, layout, true), want);
+      EXPECT_EQ(batch(**cbf, layout, false), want);
+    }
   }
 }
 

@@ -114,6 +114,24 @@ void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pie
   }
 }
 
+// A plan says where each piece's sparse entries lie (PlanBatch found them); the same plan
+// without that is assembled from the chunks' tables: the same bytes, on one thread and in
+// ranges on several (whose starts come from either).
+void ExpectSameWithoutEntries(const BatchPlan& plan, absl::Span<const PieceRef> pieces) {
+  bool sparse = false;
+  for (const StreamLayout& L : plan.streams) sparse = sparse || L.format == StreamFormat::kSparse;
+  ASSERT_EQ(plan.entries.size(), sparse ? pieces.size() * plan.streams.size() : 0);
+  if (!sparse) return;
+  std::vector<std::byte> want(plan.total_bytes, std::byte{0xAB});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(plan, pieces, absl::MakeSpan(want)).ok());
+  BatchPlan without = plan;
+  without.entries.clear();
+  std::vector<std::byte> got(plan.total_bytes, std::byte{0xCD});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(without, pieces, absl::MakeSpan(got)).ok());
+  ASSERT_EQ(got, want);
+  ExpectSameWithHelpers(without, pieces);
+}
+
 TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
   for (const CaseSpec& spec : StandardCases()) {
     for (uint64_t seed : {21, 22, 23}) {  // 23: narrowed values where the case is float
@@ -124,6 +142,8 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
       auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, dtypes);
       ASSERT_TRUE(plan.ok()) << plan.status();
       ExpectSameWithHelpers(*plan, c.pieces);
+      if (::testing::Test::HasFatalFailure()) return;
+      ExpectSameWithoutEntries(*plan, c.pieces);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
@@ -159,6 +179,8 @@ TEST(ParallelAssembly, RandomCasesAreTheSameOnAnyNumberOfThreads) {
     auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ExpectSameWithHelpers(*plan, c.pieces);
+    if (::testing::Test::HasFatalFailure()) return;
+    ExpectSameWithoutEntries(*plan, c.pieces);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
