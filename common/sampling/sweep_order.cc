@@ -52,10 +52,73 @@ void RadixSortByKey(HugeVector<KeyIndex>* items, HugeVector<KeyIndex>* tmp) {
   }
 }
 
+// LSD radix sort of packed items (a key above bit `shift`, an index below it) by their bits
+// [shift, shift + key_bits), a byte a pass, skipping bytes in which all agree (stable: equal
+// keys stay in index order; `tmp` is scratch). Half the bytes a pass of KeyIndex moves.
+void RadixSortPacked(HugeVector<uint64_t>* items, HugeVector<uint64_t>* tmp, int shift, int key_bits) {
+  const size_t n = items->size();
+  const int digits = (key_bits + 7) / 8;
+  std::vector<std::array<uint64_t, 256>> counts(digits);
+  for (auto& c : counts) c.fill(0);
+  for (uint64_t x : *items) {
+    for (int d = 0; d < digits; ++d) ++counts[d][(x >> (shift + 8 * d)) & 0xff];
+  }
+  tmp->resize(n);
+  for (int d = 0; d < digits; ++d) {
+    const int at_bit = shift + 8 * d;
+    std::array<uint64_t, 256>& c = counts[d];
+    if (c[((*items)[0] >> at_bit) & 0xff] == n) continue;  // one digit: nothing moves
+    uint64_t at = 0;
+    for (uint64_t& x : c) {
+      const uint64_t k = x;
+      x = at;
+      at += k;
+    }
+    for (uint64_t x : *items) (*tmp)[c[(x >> at_bit) & 0xff]++] = x;
+    items->swap(*tmp);
+  }
+}
+
+// Appends units[index] for each index, in order: a gather in random order from `units` (tens
+// of MB for a whole-sweep window), each unit asked for a stretch ahead so the misses overlap.
+template <typename IndexOf>
+void GatherUnits(size_t n, IndexOf index_of, absl::Span<const Unit> units, HugeVector<Unit>* out) {
+  constexpr size_t kAhead = 32;
+  out->reserve(out->size() + n);
+  for (size_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) __builtin_prefetch(&units[index_of(j + kAhead)]);
+    out->push_back(units[index_of(j)]);
+  }
+}
+
 }  // namespace
 
 void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out) {
   const size_t n = keys.size();
+  uint64_t any = 0;
+  for (uint64_t k : keys) any |= k;
+  const int key_bits = any == 0 ? 0 : 64 - __builtin_clzll(any);
+  const int index_bits = n <= 1 ? 0 : 64 - __builtin_clzll(n - 1);
+  if (n > 64 && key_bits + index_bits <= 64) {
+    // Key and index in one word (a sweep's keys span about 40 bits, its units 20-30).
+    const uint64_t mask = (uint64_t{1} << index_bits) - 1;
+    HugeVector<uint64_t> items(n), tmp;
+    for (size_t j = 0; j < n; ++j) items[j] = (key_bits == 0 ? 0 : keys[j] << index_bits) | j;
+    RadixSortPacked(&items, &tmp, index_bits, key_bits);
+    tmp = HugeVector<uint64_t>();
+    // Equal keys (a 32-bit hash collision, or keys of two chunks that meet): by (sequence, frame).
+    for (size_t j = 0; j + 1 < n;) {
+      size_t e = j + 1;
+      while (e < n && (items[e] >> index_bits) == (items[j] >> index_bits)) ++e;
+      if (e - j > 1) {
+        std::sort(items.begin() + j, items.begin() + e,
+                  [&](uint64_t x, uint64_t y) { return UnitBefore(units[x & mask], units[y & mask]); });
+      }
+      j = e;
+    }
+    GatherUnits(n, [&](size_t j) { return items[j] & mask; }, units, out);
+    return;
+  }
   HugeVector<KeyIndex> items(n);
   for (size_t j = 0; j < n; ++j) items[j] = {keys[j], j};
   auto before = [&](const KeyIndex& x, const KeyIndex& y) {
@@ -75,14 +138,7 @@ void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, 
       j = e;
     }
   }
-  out->reserve(out->size() + n);
-  // A gather in random order from `units` (tens of MB for a whole-sweep window): each unit
-  // asked for a stretch ahead, so the misses overlap.
-  constexpr size_t kAhead = 32;
-  for (size_t j = 0; j < n; ++j) {
-    if (j + kAhead < n) __builtin_prefetch(&units[items[j + kAhead].index]);
-    out->push_back(units[items[j].index]);
-  }
+  GatherUnits(n, [&](size_t j) { return items[j].index; }, units, out);
 }
 
 uint64_t DefaultRandomizationWindow(const Index& index, uint64_t chunk_size, bool sample_window) {
