@@ -171,9 +171,16 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     __builtin_prefetch(&p.chunk->keys[p.slot]);
     for (size_t s = 0; s < ns; ++s) {
       const ParsedStream& ps = p.chunk->streams[s];
-      const uint64_t* sb = ps.sequence_begin.data() + p.slot;
-      __builtin_prefetch(sb);
-      __builtin_prefetch(sb + 1);  // the next line, one piece in eight
+      if (ps.one_sample_each) {  // no sample range to read: the entry range at once
+        if (sparse[s]) {
+          __builtin_prefetch(&ps.nnz_begin[p.slot]);
+          __builtin_prefetch(&ps.nnz_begin[p.slot + 1]);  // the next line, one piece in eight
+        }
+      } else {
+        const uint64_t* sb = ps.sequence_begin.data() + p.slot;
+        __builtin_prefetch(sb);
+        __builtin_prefetch(sb + 1);
+      }
       if (!ps.sparse_indices_in_place.empty()) {  // where its entries lie (CBF)
         __builtin_prefetch(&ps.sparse_indices_in_place[p.slot]);
         __builtin_prefetch(&ps.sparse_values_in_place[p.slot]);
@@ -184,7 +191,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     const PieceRef& p = pieces[i];
     for (size_t s = 0; s < ns; ++s) {
       const ParsedStream& ps = p.chunk->streams[s];
-      if (sparse[s]) {
+      if (sparse[s] && !ps.one_sample_each) {
         __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
         __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot + 1]]);
       }
@@ -210,8 +217,9 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     pp.truncated = bptt;
     uint32_t longest = 0, shortest = ns > 0 ? UINT32_MAX : 0;
     for (size_t s = 0; s < ns; ++s) {
-      uint64_t b;
-      const uint32_t c = PieceSamples(p, s, &b);
+      const ParsedStream& ps = p.chunk->streams[s];
+      uint64_t first, b;
+      const uint32_t c = PieceStreamSamples(ps, p, &first, &b);
       counts[s] = c;
       longest = std::max(longest, c);
       shortest = std::min(shortest, c);
@@ -219,15 +227,20 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
       x.max_length = std::max<uint64_t>(x.max_length, p.t0 + c);
       x.num_samples += c;
       if (sparse[s] && c > 0) {
-        const ParsedStream& ps = p.chunk->streams[s];
         const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
         x.nnz += ne - nb;
         PieceEntries& e = plan->entries[i * ns + s];
         e.count = ne - nb;
         e.first_sample = b;
         if (ne > nb) {  // (an empty vector's data() may be null: no address from it)
-          e.indices = ps.SparseIndexBytes(p.slot, nb);
-          e.values = ps.SparseValueBytes(p.slot, nb, value_bytes);
+          if (ps.sparse_indices_in_place.empty()) {
+            e.indices = reinterpret_cast<const std::byte*>(ps.indices.data()) + nb * sizeof(int32_t);
+            e.values = ps.ValueBytes(value_bytes) + nb * value_bytes;
+          } else {  // where the sequence's entries lie, from its first sample's on
+            const uint64_t skip = nb - (b == first ? nb : ps.nnz_begin[first]);
+            e.indices = ps.sparse_indices_in_place[p.slot] + skip * sizeof(int32_t);
+            e.values = ps.sparse_values_in_place[p.slot] + skip * value_bytes;
+          }
         }
       }
     }

@@ -69,11 +69,9 @@ absl::Status CheckValueDType(const std::string& stream, StreamFormat format, Pre
 // Checks that `layout` applies to a stream of `format` (message names the stream).
 absl::Status CheckLayout(const std::string& stream, StreamFormat format, OutputLayout layout);
 
-// Samples that piece `p` covers of a stream whose sequence_begin array is `sequence_begin`:
+// Samples that piece `p` covers of its sequence, whose samples are [first, first + len):
 // [*begin, *begin + return value).
-inline uint32_t PieceSampleRange(const uint64_t* sequence_begin, const PieceRef& p, uint64_t* begin) {
-  const uint64_t first = sequence_begin[p.slot];
-  const uint64_t len = sequence_begin[p.slot + 1] - first;
+inline uint32_t ClipPieceSamples(uint64_t first, uint64_t len, const PieceRef& p, uint64_t* begin) {
   if (p.sample_begin == 0 && p.sample_count == PieceRef::kAll) {  // the whole sequence
     *begin = first;
     return static_cast<uint32_t>(len);
@@ -84,9 +82,29 @@ inline uint32_t PieceSampleRange(const uint64_t* sequence_begin, const PieceRef&
   return static_cast<uint32_t>(e - b);
 }
 
+// Samples that piece `p` covers of a stream whose sequence_begin array is `sequence_begin`:
+// [*begin, *begin + return value).
+inline uint32_t PieceSampleRange(const uint64_t* sequence_begin, const PieceRef& p, uint64_t* begin) {
+  const uint64_t first = sequence_begin[p.slot];
+  return ClipPieceSamples(first, sequence_begin[p.slot + 1] - first, p, begin);
+}
+
+// Samples of stream `ps` that piece `p` covers: [*begin, *begin + return value); the
+// sequence's first sample in *first. Where every sequence of the chunk has one sample of the
+// stream (one_sample_each), sequence_begin is not read.
+inline uint32_t PieceStreamSamples(const ParsedStream& ps, const PieceRef& p, uint64_t* first, uint64_t* begin) {
+  if (ps.one_sample_each) {
+    *first = p.slot;
+    return ClipPieceSamples(p.slot, 1, p, begin);
+  }
+  *first = ps.sequence_begin[p.slot];
+  return ClipPieceSamples(*first, ps.sequence_begin[p.slot + 1] - *first, p, begin);
+}
+
 // Samples of stream `s` that piece `p` covers: [*begin, *begin + return value).
 inline uint32_t PieceSamples(const PieceRef& p, size_t s, uint64_t* begin) {
-  return PieceSampleRange(p.chunk->streams[s].sequence_begin.data(), p, begin);
+  uint64_t first;
+  return PieceStreamSamples(p.chunk->streams[s], p, &first, begin);
 }
 
 // Whether piece `b`, read right after `a`, is not the next sequence of a's chunk: a jump.

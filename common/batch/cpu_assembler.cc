@@ -84,6 +84,7 @@ struct StreamView {
   const std::byte* const* values_in_place = nullptr;
   const std::byte* const* dense_in_place = nullptr;  // dense: per slot, when in place
   bool compressed = false;                           // dense: left compressed (Kaldi CM)
+  bool one_sample_each = false;                      // sequence_begin[i] == i
 
   template <typename T>
   void Load(const ParsedChunk* c, size_t s) {
@@ -97,6 +98,7 @@ struct StreamView {
     values_in_place = ps.sparse_values_in_place.empty() ? nullptr : ps.sparse_values_in_place.data();
     dense_in_place = ps.in_place.empty() ? nullptr : ps.in_place.data();
     compressed = !ps.compressed.empty();
+    one_sample_each = ps.one_sample_each;
   }
   // As ParsedStream::DenseSamples(): a dense stream's sample `b` of slot `slot` onwards.
   template <typename T>
@@ -104,7 +106,9 @@ struct StreamView {
     return DenseSampleAddress(values, dense_in_place, sequence_begin, slot, b, dim * sizeof(T));
   }
   // As PieceSamples(): the samples of `p` are [*begin, *begin + return value).
-  uint32_t Samples(const PieceRef& p, uint64_t* begin) const { return PieceSampleRange(sequence_begin, p, begin); }
+  uint32_t Samples(const PieceRef& p, uint64_t* begin) const {
+    return one_sample_each ? ClipPieceSamples(p.slot, 1, p, begin) : PieceSampleRange(sequence_begin, p, begin);
+  }
   // As ParsedStream::SparseIndexBytes()/SparseValueBytes(): entry `k` of slot `slot` onwards.
   const std::byte* IndexBytes(uint32_t slot, uint64_t k) const {
     return SparseEntryAddress(indices, indices_in_place, sequence_begin, nnz_begin, slot, k, sizeof(int32_t));

@@ -14,4 +14,13 @@ uint64_t ParsedChunk::MemoryBytes() const {
   return b;
 }
 
+void NoteOneSampleStreams(ParsedChunk* chunk) {
+  const uint64_t n = chunk->num_sequences();
+  for (ParsedStream& ps : chunk->streams) {
+    bool one = ps.sequence_begin.size() == n + 1;
+    for (uint64_t i = 0; one && i <= n; ++i) one = ps.sequence_begin[i] == i;
+    ps.one_sample_each = one;
+  }
+}
+
 }  // namespace conveyor

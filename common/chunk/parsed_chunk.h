@@ -40,6 +40,10 @@ struct ParsedStream {
   uint32_t dim = 0;
   // Sample range of parsed sequence i: [sequence_begin[i], sequence_begin[i+1]).
   HugeVector<uint64_t> sequence_begin{0};
+  // Every parsed sequence has exactly one sample of this stream (sequence_begin[i] == i), as
+  // NoteOneSampleStreams() found: planning then need not read sequence_begin (a cache miss a
+  // piece when randomized). False says nothing.
+  bool one_sample_each = false;
   // sparse: nnz range of sample j: [nnz_begin[j], nnz_begin[j+1]).
   HugeVector<uint64_t> nnz_begin{0};
   HugeVector<int32_t> indices;  // sparse row indices; ids for format ids
@@ -151,5 +155,9 @@ struct ParsedChunk {
   // Approximate heap bytes held, for cache accounting.
   uint64_t MemoryBytes() const;
 };
+
+// Sets each stream's one_sample_each from its sequence_begin (one pass; Dataset::ParseChunk
+// calls it on every chunk it parses).
+void NoteOneSampleStreams(ParsedChunk* chunk);
 
 }  // namespace conveyor

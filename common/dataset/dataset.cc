@@ -297,8 +297,9 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_
   parses_.fetch_add(1);
   // The chunk's bad sequences count against maxErrors once, not at every parse of it.
   ErrorBudget::ChunkScope scope(budget_.get(), chunk_id);
-  if (chunked_ == nullptr) return ParseJoinedChunk(chunk_id);
-  return chunked_->ParseChunk(chunk_id);
+  auto chunk = chunked_ == nullptr ? ParseJoinedChunk(chunk_id) : chunked_->ParseChunk(chunk_id);
+  if (chunk.ok()) NoteOneSampleStreams(chunk->get());
+  return chunk;
 }
 
 absl::StatusOr<std::shared_ptr<const ParsedChunk>> Dataset::SharedChunk(uint64_t chunk_id, bool* parsed_here) const {

@@ -132,6 +132,29 @@ void ExpectSameWithoutEntries(const BatchPlan& plan, absl::Span<const PieceRef> 
   ExpectSameWithHelpers(without, pieces);
 }
 
+// The case's chunks marked where a stream has one sample a sequence (as Dataset::ParseChunk
+// marks every chunk): planning then reads no sequence_begin there. The same plan and bytes.
+void ExpectSameWhereStreamsHaveOneSampleEach(conveyor::testing::BatchCase* c, Precision precision,
+                                             const std::vector<DType>& dtypes, const BatchPlan& unmarked) {
+  std::vector<std::byte> want(unmarked.total_bytes, std::byte{0xAB});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(unmarked, c->pieces, absl::MakeSpan(want)).ok());
+  for (auto& chunk : c->chunks) NoteOneSampleStreams(chunk.get());
+  auto plan = PlanBatch(c->streams, precision, c->shape, c->pieces, c->layouts, dtypes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->total_bytes, unmarked.total_bytes);
+  ASSERT_EQ(plan->counts, unmarked.counts);
+  std::vector<std::byte> got(plan->total_bytes, std::byte{0xCD});
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(*plan, c->pieces, absl::MakeSpan(got)).ok());
+  ASSERT_EQ(got, want);
+  BatchPlan without = *plan;
+  without.entries.clear();
+  ASSERT_TRUE(MakeCpuAssembler()->Assemble(without, c->pieces, absl::MakeSpan(got)).ok());
+  ASSERT_EQ(got, want);
+  for (auto& chunk : c->chunks) {
+    for (ParsedStream& ps : chunk->streams) ps.one_sample_each = false;
+  }
+}
+
 TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
   for (const CaseSpec& spec : StandardCases()) {
     for (uint64_t seed : {21, 22, 23}) {  // 23: narrowed values where the case is float
@@ -144,6 +167,8 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
       ExpectSameWithHelpers(*plan, c.pieces);
       if (::testing::Test::HasFatalFailure()) return;
       ExpectSameWithoutEntries(*plan, c.pieces);
+      if (::testing::Test::HasFatalFailure()) return;
+      ExpectSameWhereStreamsHaveOneSampleEach(&c, spec.precision, dtypes, *plan);
       if (::testing::Test::HasFatalFailure()) return;
     }
   }
