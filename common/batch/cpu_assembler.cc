@@ -172,10 +172,10 @@ void BuildCscAs(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> piec
   // A plan without the entries' addresses (one made elsewhere): randomized, a piece's entries
   // are found through three tables in turn (its sample range in sequence_begin, its entry
   // range in nnz_begin, and where they lie: in_place or the columns), each another miss that
-  // the next load waits for. Asked for in three stages, each
-  // a distance of `ahead` pieces after the one before, so that each stage's loads find their
-  // lines in cache and only prefetches wait: the misses of many pieces overlap (a chain of
-  // loads at one distance stalled the copy loop on every piece: 60% of its samples).
+  // the next load waits for. Asked for in three stages, each a distance of `ahead` pieces
+  // after the one before, so that each stage's loads find their lines in cache and only
+  // prefetches wait: the misses of many pieces overlap (a chain of loads at one distance
+  // stalled the copy loop on every piece: 60% of its samples).
   // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
   auto prefetch_tables = [&](const PieceRef& p) __attribute__((always_inline)) {
     const ParsedStream& ps = p.chunk->streams[s];
