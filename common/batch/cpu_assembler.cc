@@ -169,30 +169,9 @@ void BuildCscAs(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> piec
     if (end == order.size()) fill_to(plan.shape.rows * T_len + 1);
     return;
   }
-  // A plan without the entries' addresses (one made elsewhere): randomized, a piece's entries
-  // are found through three tables in turn (its sample range in sequence_begin, its entry
-  // range in nnz_begin, and where they lie: in_place or the columns), each another miss that
-  // the next load waits for. Asked for in three stages, each a distance of `ahead` pieces
-  // after the one before, so that each stage's loads find their lines in cache and only
-  // prefetches wait: the misses of many pieces overlap (a chain of loads at one distance
-  // stalled the copy loop on every piece: 60% of its samples).
+  // A plan without the entries' addresses (one made elsewhere; PlanBatch's plans have them):
+  // each piece's entries found through the chunk's tables.
   // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
-  auto prefetch_tables = [&](const PieceRef& p) __attribute__((always_inline)) {
-    const ParsedStream& ps = p.chunk->streams[s];
-    __builtin_prefetch(&ps.sequence_begin[p.slot + 1]);
-    __builtin_prefetch(&ps.sequence_begin[p.slot]);
-    if (!ps.sparse_indices_in_place.empty()) __builtin_prefetch(&ps.sparse_indices_in_place[p.slot]);
-    if (!ps.sparse_values_in_place.empty()) __builtin_prefetch(&ps.sparse_values_in_place[p.slot]);
-  };
-  auto prefetch_range = [&](const PieceRef& p) __attribute__((always_inline)) {
-    const ParsedStream& ps = p.chunk->streams[s];
-    uint64_t b;
-    const uint32_t c = PieceSamples(p, s, &b);
-    __builtin_prefetch(&ps.nnz_begin[b]);
-    __builtin_prefetch(&ps.nnz_begin[b + c]);
-    // In place: nnz_begin of the sequence's first sample, which SparseEntryAddress reads.
-    if (!ps.sparse_values_in_place.empty()) __builtin_prefetch(&ps.nnz_begin[ps.sequence_begin[p.slot]]);
-  };
   auto prefetch = [&](const PieceRef& p) __attribute__((always_inline)) {
     const ParsedStream& ps = p.chunk->streams[s];
     uint64_t b;
@@ -203,18 +182,10 @@ void BuildCscAs(const BatchPlan& plan, size_t s, absl::Span<const PieceRef> piec
     PrefetchBytes(ps.SparseValueBytes(p.slot, nb, sizeof(T)), (ne - nb) * sizeof(T));
   };
   const size_t ahead = scattered ? kAhead : 0;
-  if (scattered) {
-    for (size_t o = begin; o < std::min(end, begin + 3 * ahead); ++o) prefetch_tables(pieces[order[o]]);
-    for (size_t o = begin; o < std::min(end, begin + 2 * ahead); ++o) prefetch_range(pieces[order[o]]);
-    for (size_t o = begin; o < std::min(end, begin + ahead); ++o) prefetch(pieces[order[o]]);
-  }
+  for (size_t o = begin; o < std::min(end, begin + ahead); ++o) prefetch(pieces[order[o]]);
   StreamView v;
   for (size_t o = begin; o < end; ++o) {
-    if (scattered) {
-      if (o + 3 * ahead < end) prefetch_tables(pieces[order[o + 3 * ahead]]);
-      if (o + 2 * ahead < end) prefetch_range(pieces[order[o + 2 * ahead]]);
-      if (o + ahead < end) prefetch(pieces[order[o + ahead]]);
-    }
+    if (scattered && o + ahead < end) prefetch(pieces[order[o + ahead]]);
     const PieceRef& p = pieces[order[o]];
     if (p.chunk != v.chunk) v.Load<T>(p.chunk, s);
     uint64_t b;

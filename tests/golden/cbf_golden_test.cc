@@ -7,6 +7,7 @@
 // no chunk parsed, exactly as parsing gives it (CbfMember).
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -281,6 +282,29 @@ TEST(Cbf, ConvertKeepsChunkSizesAndEmptySamples) {
   EXPECT_NE(a->find("\"s\":{\"sparse\":[[]"), std::string::npos);  // an empty sparse sample, kept
 }
 
+// CTF `text` with `inputs` in `precision` (dataset `config`), converted into CBF chunks of
+// about `chunk_size` bytes at `cbf_path`; both opened.
+struct TextAndCbf {
+  DatasetConfig config;
+  std::string cbf_path;
+  std::unique_ptr<Dataset> text, cbf;
+};
+void OpenTextAndCbf(TempDir& dir, const std::string& name, const std::string& text, const std::string& inputs,
+                    Precision precision, uint64_t chunk_size, TextAndCbf* out) {
+  out->config = CtfDataset(dir.Write(name + ".ctf", text), inputs, "randomize: false");
+  out->config.precision = precision;
+  auto ds = Dataset::Open(out->config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  out->text = *std::move(ds);
+  CbfWriteOptions wo;
+  wo.chunk_size = chunk_size;
+  out->cbf_path = dir.path() + "/" + name + ".cbf";
+  ASSERT_TRUE(WriteCbf(*out->text, out->cbf_path, wo).ok());
+  auto cbf = Dataset::Open(CbfDataset(out->cbf_path, precision));
+  ASSERT_TRUE(cbf.ok()) << cbf.status();
+  out->cbf = *std::move(cbf);
+}
+
 // ctf2bin's layout: a sparse stream's entries are used where they lie in the mapped file
 // (the chunk holds only their per-sample ranges), and read through them they give what the
 // text reader gives, as CSC, CSR and dense, in float and double; converting the CBF again
@@ -297,30 +321,25 @@ TEST(Cbf, SparseEntriesAreUsedWhereTheyLie) {
   }
   for (Precision precision : {Precision::kFloat, Precision::kDouble}) {
     SCOPED_TRACE(precision == Precision::kFloat ? "float" : "double");
-    DatasetConfig config = CtfDataset(dir.Write("in.ctf", text), "{d: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}",
-                                      "randomize: false");
-    config.precision = precision;
-    auto ds = Dataset::Open(config);
-    ASSERT_TRUE(ds.ok()) << ds.status();
-    CbfWriteOptions wo;
-    wo.chunk_size = 700;
-    const std::string out = dir.path() + "/out.cbf";
-    ASSERT_TRUE(WriteCbf(**ds, out, wo).ok());
-    auto back = Dataset::Open(CbfDataset(out, precision));
-    ASSERT_TRUE(back.ok()) << back.status();
-    ASSERT_GT((*back)->index().chunks.size(), 5u);
-    auto chunk = (*back)->ParseChunk(1);
+    TextAndCbf d;
+    OpenTextAndCbf(dir, "in", text, "{d: {dim: 2, format: dense}, s: {dim: 50, format: sparse}}", precision, 700, &d);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::string& out = d.cbf_path;
+    ASSERT_GT(d.cbf->index().chunks.size(), 5u);
+    auto chunk = d.cbf->ParseChunk(1);
     ASSERT_TRUE(chunk.ok()) << chunk.status();
     const ParsedStream& sparse = (*chunk)->streams[1];
     EXPECT_EQ(sparse.sparse_values_in_place.size(), (*chunk)->num_sequences());
     EXPECT_EQ(sparse.sparse_indices_in_place.size(), (*chunk)->num_sequences());
     EXPECT_TRUE(sparse.indices.empty() && sparse.values_f32.empty() && sparse.values_f64.empty());
     EXPECT_GT(sparse.total_entries(), 0u);
-    const auto dumps = DumpsInEveryLayout(config, CbfDataset(out, precision));
+    const auto dumps = DumpsInEveryLayout(d.config, CbfDataset(out, precision));
     ASSERT_EQ(dumps.size(), 3u);
-    for (const LayoutDumps& d : dumps) EXPECT_EQ(d.a, d.b) << d.layout;
+    for (const LayoutDumps& l : dumps) EXPECT_EQ(l.a, l.b) << l.layout;
     const std::string again = dir.path() + "/again.cbf";
-    ASSERT_TRUE(WriteCbf(**back, again, wo).ok());
+    CbfWriteOptions wo;
+    wo.chunk_size = 700;
+    ASSERT_TRUE(WriteCbf(*d.cbf, again, wo).ok());
     EXPECT_EQ(ReadFile(again), ReadFile(out));
   }
 }
@@ -341,18 +360,10 @@ TEST(Cbf, ARandomGatherIsTheSameWhetherThePlanSaysWhereEntriesLie) {
   }
   for (Precision precision : {Precision::kFloat, Precision::kDouble}) {
     SCOPED_TRACE(precision == Precision::kFloat ? "float" : "double");
-    DatasetConfig config = CtfDataset(dir.Write("g.ctf", text), "{d: {dim: 1, format: dense}, s: {dim: 50, format: sparse}}",
-                                      "randomize: false");
-    config.precision = precision;
-    auto ctf = Dataset::Open(config);
-    ASSERT_TRUE(ctf.ok()) << ctf.status();
-    CbfWriteOptions wo;
-    wo.chunk_size = 900;
-    const std::string out = dir.path() + "/g.cbf";
-    ASSERT_TRUE(WriteCbf(**ctf, out, wo).ok());
-    auto cbf = Dataset::Open(CbfDataset(out, precision));
-    ASSERT_TRUE(cbf.ok()) << cbf.status();
-    ASSERT_GT((*cbf)->index().chunks.size(), 8u);
+    TextAndCbf d;
+    OpenTextAndCbf(dir, "g", text, "{d: {dim: 1, format: dense}, s: {dim: 50, format: sparse}}", precision, 900, &d);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_GT(d.cbf->index().chunks.size(), 8u);
     // Every sequence of each dataset, one piece a row, rows in a shuffled order.
     std::vector<uint32_t> row(600);
     for (uint32_t i = 0; i < row.size(); ++i) row[i] = i;
@@ -397,11 +408,11 @@ TEST(Cbf, ARandomGatherIsTheSameWhetherThePlanSaysWhereEntriesLie) {
     };
     for (OutputLayout layout : {OutputLayout::kCsc, OutputLayout::kCsr}) {
       SCOPED_TRACE(OutputLayoutName(layout));
-      const std::vector<std::byte> want = batch(**ctf, layout, false);
+      const std::vector<std::byte> want = batch(*d.text, layout, false);
       ASSERT_FALSE(want.empty());
-      EXPECT_EQ(batch(**ctf, layout, true), want);
-      EXPECT_EQ(batch(**cbf, layout, true), want);
-      EXPECT_EQ(batch(**cbf, layout, false), want);
+      EXPECT_EQ(batch(*d.text, layout, true), want);
+      EXPECT_EQ(batch(*d.cbf, layout, true), want);
+      EXPECT_EQ(batch(*d.cbf, layout, false), want);
     }
   }
 }
