@@ -1,9 +1,15 @@
 // Planning costs on a synthetic index of 4M sequences in 1000 chunks (no parsing): units
 // planned per second, and what a resume costs at the first and at the last minibatch of an
-// epoch (a seek is O(window), not O(position)). Run: build/bench/planner_bench
+// epoch (a seek is O(window), not O(position)). Also the sort of one segment of a sweep
+// (SortSegment: keys of 40 random bits, as a 128-chunk window gives) at 4K, 64K and 1M
+// units, the last a whole-sweep window's segment; its reference is std::sort of the same
+// keys alone, in the same run. Run: build/bench/planner_bench
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <optional>
+#include <random>
+#include <vector>
 
 #include "common/sampling/cursor.h"
 #include "common/sampling/planner.h"
@@ -73,10 +79,53 @@ void BM_ResumeAtFirstBatch(benchmark::State& s) { Resume(s, Cursors().first); }
 void BM_ResumeAtMiddleBatch(benchmark::State& s) { Resume(s, Cursors().middle); }
 void BM_ResumeAtLastBatch(benchmark::State& s) { Resume(s, Cursors().last); }
 
+// `n` keys of 40 random bits and their units (sequence j), fixed by the seed.
+struct SegmentInput {
+  std::vector<uint64_t> keys;
+  std::vector<Unit> units;
+};
+SegmentInput MakeSegment(size_t n) {
+  std::mt19937_64 rng(7);
+  SegmentInput in;
+  in.keys.resize(n);
+  in.units.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    in.keys[j] = rng() >> 24;
+    in.units[j].sequence = j;
+    in.units[j].samples = 1;
+  }
+  return in;
+}
+
+void BM_SortSegment(benchmark::State& state) {
+  const SegmentInput in = MakeSegment(static_cast<size_t>(state.range(0)));
+  HugeVector<Unit> out;
+  for (auto _ : state) {
+    out.clear();
+    SortSegment(in.keys, in.units, &out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+// Reference: std::sort of the keys alone (8 bytes an item, no units carried).
+void BM_SortKeysStdSort(benchmark::State& state) {
+  const SegmentInput in = MakeSegment(static_cast<size_t>(state.range(0)));
+  std::vector<uint64_t> keys;
+  for (auto _ : state) {
+    keys = in.keys;
+    std::sort(keys.begin(), keys.end());
+    benchmark::DoNotOptimize(keys.data());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
 BENCHMARK(BM_PlanEpoch)->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK(BM_ResumeAtFirstBatch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ResumeAtMiddleBatch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ResumeAtLastBatch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SortSegment)->Arg(1 << 12)->Arg(1 << 16)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SortKeysStdSort)->Arg(1 << 12)->Arg(1 << 16)->Arg(1 << 20)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace conveyor::bench

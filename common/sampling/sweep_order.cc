@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <new>
 #include <numeric>
 #include <random>
 
@@ -53,28 +54,32 @@ void RadixSortByKey(HugeVector<KeyIndex>* items, HugeVector<KeyIndex>* tmp) {
 }
 
 // LSD radix sort of packed items (a key above bit `shift`, an index below it) by their bits
-// [shift, shift + key_bits), a byte a pass, skipping bytes in which all agree (stable: equal
-// keys stay in index order; `tmp` is scratch). Half the bytes a pass of KeyIndex moves.
+// [shift, shift + key_bits), a digit of 8 or 11 bits a pass (11 where that saves a pass and
+// the items are many enough to fill its counts), skipping digits in which all agree (stable:
+// equal keys stay in index order; `tmp` is scratch). Half the bytes a pass of KeyIndex moves.
 void RadixSortPacked(HugeVector<uint64_t>* items, HugeVector<uint64_t>* tmp, int shift, int key_bits) {
   const size_t n = items->size();
-  const int digits = (key_bits + 7) / 8;
-  std::vector<std::array<uint64_t, 256>> counts(digits);
-  for (auto& c : counts) c.fill(0);
+  const int width = n >= 2048 && (key_bits + 10) / 11 < (key_bits + 7) / 8 ? 11 : 8;
+  const size_t radix = size_t{1} << width;
+  const uint64_t digit_mask = radix - 1;
+  const int digits = (key_bits + width - 1) / width;
+  std::vector<uint64_t> counts(digits * radix, 0);
   for (uint64_t x : *items) {
-    for (int d = 0; d < digits; ++d) ++counts[d][(x >> (shift + 8 * d)) & 0xff];
+    for (int d = 0; d < digits; ++d) ++counts[d * radix + ((x >> (shift + width * d)) & digit_mask)];
   }
   tmp->resize(n);
   for (int d = 0; d < digits; ++d) {
-    const int at_bit = shift + 8 * d;
-    std::array<uint64_t, 256>& c = counts[d];
-    if (c[((*items)[0] >> at_bit) & 0xff] == n) continue;  // one digit: nothing moves
+    const int at_bit = shift + width * d;
+    uint64_t* const c = counts.data() + d * radix;
+    if (c[((*items)[0] >> at_bit) & digit_mask] == n) continue;  // one digit: nothing moves
     uint64_t at = 0;
-    for (uint64_t& x : c) {
-      const uint64_t k = x;
-      x = at;
-      at += k;
+    for (size_t k = 0; k < radix; ++k) {
+      const uint64_t count = c[k];
+      c[k] = at;
+      at += count;
     }
-    for (uint64_t x : *items) (*tmp)[c[(x >> at_bit) & 0xff]++] = x;
+    uint64_t* const to = tmp->data();
+    for (uint64_t x : *items) to[c[(x >> at_bit) & digit_mask]++] = x;
     items->swap(*tmp);
   }
 }
@@ -91,6 +96,16 @@ void GatherUnits(size_t n, IndexOf index_of, absl::Span<const Unit> units, HugeV
   }
 }
 
+// A segment of more units than kSplitAbove (a sweep's last one under a whole-sweep window:
+// a million units and more) is sorted in runs that fit the cache (SortSegmentInRuns), not by
+// passes over all of it: each pass of a radix sort over tens of MB, and the gather of its
+// units in random order from as many, miss the cache on every item.
+constexpr size_t kSplitAbove = size_t{1} << 16;
+constexpr size_t kRunItems = size_t{1} << 12;  // about 128 KB of keys and units a run
+
+void SortSegmentInRuns(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, int key_bits,
+                       HugeVector<Unit>* out);
+
 }  // namespace
 
 void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out) {
@@ -98,6 +113,10 @@ void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, 
   uint64_t any = 0;
   for (uint64_t k : keys) any |= k;
   const int key_bits = any == 0 ? 0 : 64 - __builtin_clzll(any);
+  if (n > kSplitAbove && key_bits > 8) {
+    SortSegmentInRuns(keys, units, key_bits, out);
+    return;
+  }
   const int index_bits = n <= 1 ? 0 : 64 - __builtin_clzll(n - 1);
   if (n > 64 && key_bits + index_bits <= 64) {
     // Key and index in one word (a sweep's keys span about 40 bits, its units 20-30).
@@ -140,6 +159,42 @@ void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, 
   }
   GatherUnits(n, [&](size_t j) { return items[j].index; }, units, out);
 }
+
+namespace {
+
+// One pass moves each key and its unit into the run of the key's top `r` bits (the runs in
+// key order, each holding its items in their order), keeping only the key's low bits; each
+// run is then sorted as a segment of its own, where it lies in cache. The same order as
+// sorting all at once: a key's top bits order the runs, its low bits and the tie-break
+// (equal keys share a run) order each run.
+void SortSegmentInRuns(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, int key_bits,
+                       HugeVector<Unit>* out) {
+  const size_t n = keys.size();
+  int r = 1;
+  while (r < 16 && r < key_bits && (n >> r) > kRunItems) ++r;
+  const int shift = key_bits - r;
+  const uint64_t low = (uint64_t{1} << shift) - 1;  // shift < 64: r >= 1
+  std::vector<uint64_t> at((size_t{1} << r) + 1, 0);
+  for (uint64_t k : keys) ++at[(k >> shift) + 1];
+  for (size_t d = 1; d < at.size(); ++d) at[d] += at[d - 1];
+  const std::vector<uint64_t> bounds = at;  // run d is [bounds[d], bounds[d + 1])
+  // Left as they are until written (no zeroing pass over tens of MB), from reused blocks.
+  HugeBytes key_bytes(n * sizeof(uint64_t)), unit_bytes(n * sizeof(Unit));
+  uint64_t* const run_keys = reinterpret_cast<uint64_t*>(key_bytes.data());
+  Unit* const run_units = reinterpret_cast<Unit*>(unit_bytes.data());
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t t = at[keys[j] >> shift]++;
+    run_keys[t] = keys[j] & low;
+    new (&run_units[t]) Unit(units[j]);
+  }
+  out->reserve(out->size() + n);
+  for (size_t d = 0; d + 1 < bounds.size(); ++d) {
+    const uint64_t b = bounds[d], e = bounds[d + 1];
+    if (e > b) SortSegment(absl::MakeConstSpan(run_keys + b, e - b), absl::MakeConstSpan(run_units + b, e - b), out);
+  }
+}
+
+}  // namespace
 
 uint64_t DefaultRandomizationWindow(const Index& index, uint64_t chunk_size, bool sample_window) {
   if (sample_window) return std::max<uint64_t>(1, index.total_samples);

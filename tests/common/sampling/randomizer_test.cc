@@ -266,11 +266,13 @@ TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
 
 // Equal keys are rare in a real sweep; in the first two kinds of keys here most repeat, over
 // several key bytes (up to the top one); the last two are random over many widths, so that
-// every digit of the radix sort orders something.
+// every digit of the radix sort orders something. Segments of more than 65536 units are
+// first split into runs by their keys' top bits (runs of one key value, or all keys in one
+// run, in the first two kinds).
 TEST(Randomizer, SortSegmentBreaksEqualKeysBySequenceThenFrame) {
   std::mt19937_64 rng(3);
   for (int kind = 0; kind < 4; ++kind) {
-    for (size_t n : {0u, 1u, 5u, 64u, 65u, 1000u, 5000u, 20000u}) {
+    for (size_t n : {0u, 1u, 5u, 64u, 65u, 1000u, 5000u, 20000u, 65537u, 200000u}) {
       std::vector<uint64_t> keys(n);
       std::vector<Unit> units(n);
       for (size_t i = 0; i < n; ++i) {
