@@ -6,6 +6,8 @@
 #include <numeric>
 #include <random>
 
+#include "absl/functional/function_ref.h"
+
 namespace conveyor {
 namespace {
 
@@ -104,17 +106,18 @@ constexpr size_t kSplitAbove = size_t{1} << 16;
 constexpr size_t kRunItems = size_t{1} << 12;  // about 128 KB of keys and units a run
 
 void SortSegmentInRuns(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, int key_bits,
-                       HugeVector<Unit>* out);
+                       absl::FunctionRef<void()> release, HugeVector<Unit>* out);
 
-}  // namespace
-
-void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out) {
+// SortSegment(), and where it sorts in runs, release() called once `keys` and `units` are
+// read (SweepOrder frees its bucket then).
+void SortSegmentReleasing(absl::Span<const uint64_t> keys, absl::Span<const Unit> units,
+                          absl::FunctionRef<void()> release, HugeVector<Unit>* out) {
   const size_t n = keys.size();
   uint64_t any = 0;
   for (uint64_t k : keys) any |= k;
   const int key_bits = any == 0 ? 0 : 64 - __builtin_clzll(any);
   if (n > kSplitAbove && key_bits > 8) {
-    SortSegmentInRuns(keys, units, key_bits, out);
+    SortSegmentInRuns(keys, units, key_bits, release, out);
     return;
   }
   const int index_bits = n <= 1 ? 0 : 64 - __builtin_clzll(n - 1);
@@ -160,6 +163,12 @@ void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, 
   GatherUnits(n, [&](size_t j) { return items[j].index; }, units, out);
 }
 
+}  // namespace
+
+void SortSegment(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, HugeVector<Unit>* out) {
+  SortSegmentReleasing(keys, units, [] {}, out);
+}
+
 namespace {
 
 // One pass moves each key and its unit into the run of the key's top `r` bits (the runs in
@@ -167,8 +176,12 @@ namespace {
 // run is then sorted as a segment of its own, where it lies in cache. The same order as
 // sorting all at once: a key's top bits order the runs, its low bits and the tie-break
 // (equal keys share a run) order each run.
+// Memory: the runs hold a copy of the keys and units (32 bytes a unit) until sorted; the
+// caller's bucket goes once they are copied (release()), so that with SweepOrder::Segment()
+// giving up its room from an earlier segment first, at most the bucket and the runs are held
+// at once (the packed sort holds the bucket, two 8-byte arrays and that room).
 void SortSegmentInRuns(absl::Span<const uint64_t> keys, absl::Span<const Unit> units, int key_bits,
-                       HugeVector<Unit>* out) {
+                       absl::FunctionRef<void()> release, HugeVector<Unit>* out) {
   const size_t n = keys.size();
   int r = 1;
   while (r < 16 && r < key_bits && (n >> r) > kRunItems) ++r;
@@ -187,6 +200,7 @@ void SortSegmentInRuns(absl::Span<const uint64_t> keys, absl::Span<const Unit> u
     run_keys[t] = keys[j] & low;
     new (&run_units[t]) Unit(units[j]);
   }
+  release();  // `keys` and `units` may go now
   out->reserve(out->size() + n);
   for (size_t d = 0; d + 1 < bounds.size(); ++d) {
     const uint64_t b = bounds[d], e = bounds[d + 1];
@@ -383,7 +397,9 @@ const HugeVector<Unit>& SweepOrder::Segment(uint64_t i) {
     if (b.wide) {
       SortWide(&b);
     } else {
-      SortSegment(b.keys, b.units, &segment_);
+      // Sorted in runs: the room of an earlier segment goes first (see SortSegmentInRuns).
+      if (b.units.size() > kSplitAbove) segment_ = HugeVector<Unit>();
+      SortSegmentReleasing(b.keys, b.units, [&b] { b = Bucket(); }, &segment_);
     }
     b = Bucket();  // its memory goes now, not when the segment is dropped
   }

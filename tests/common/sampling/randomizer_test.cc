@@ -240,6 +240,9 @@ TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
       {true, false, 150}, {true, false, 5000}, {true, false, uint64_t{1} << 40},  // 2^40: keys past 64 bits
       {false, true, 2},   {true, true, 700},   {true, true, uint64_t{1} << 33},
   };
+  // Then segments of more than 65536 units (sorted in runs): 70000 sequences in 4 chunks under
+  // a whole-sweep window, as sequences (70000 units in the last segment) and as frames.
+  const Case big_cases[] = {{false, false, 1000}, {false, true, 1000}, {true, false, uint64_t{1} << 20}};
   for (const Case& k : cases) {
     for (uint64_t seed : {0u, 7u}) {
       Index index = MakeIndex(3000, 4, 300, seed);  // ~10 chunks, segments of hundreds of units
@@ -260,6 +263,30 @@ TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
         ASSERT_EQ(got[i].sequence, want[i].sequence) << "window " << k.window << " seed " << seed << " at " << i;
         ASSERT_EQ(got[i].frame, want[i].frame) << "window " << k.window << " seed " << seed << " at " << i;
       }
+    }
+  }
+  const Index big = MakeIndex(70000, 4, 20000, 5);
+  for (const Case& k : big_cases) {
+    RandomizerOptions ro;
+    ro.randomize = true;
+    ro.seed = 5;
+    ro.sample_window = k.sample_window;
+    ro.frame_mode = k.frame_mode;
+    ro.window = k.window;
+    const std::vector<Unit> want = ReferenceSweep(big, ro, 2);
+    SweepOrder order(&big, ro, 2);
+    std::vector<Unit> got;
+    size_t largest = 0;
+    for (uint64_t s = 0; s < order.num_segments(); ++s) {
+      const HugeVector<Unit>& segment = order.Segment(s);
+      largest = std::max(largest, segment.size());
+      got.insert(got.end(), segment.begin(), segment.end());
+    }
+    EXPECT_GT(largest, 65536u) << "window " << k.window;  // the runs' path was taken
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].sequence, want[i].sequence) << "big, window " << k.window << " at " << i;
+      ASSERT_EQ(got[i].frame, want[i].frame) << "big, window " << k.window << " at " << i;
     }
   }
 }
