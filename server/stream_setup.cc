@@ -50,9 +50,10 @@ absl::StatusOr<StreamSetup> SetUpStream(const v1::Subscribe& s, const SetupEnv& 
   out.resolved.loader.pool = env.pool;
   for (const std::string& w : out.resolved.warnings) std::fprintf(stderr, "WARNING: subscription: %s\n", w.c_str());
   const uint64_t pieces = MaxPieces(out.resolved.loader.planner, out.dataset->index());
-  if (static_cast<unsigned __int128>(pieces) * kPieceBookkeepingBytes > o.subscription_bytes) {
+  const uint64_t per_piece = PieceBookkeepingBytes(out.dataset->streams().size());
+  if (static_cast<unsigned __int128>(pieces) * per_piece > o.subscription_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "minibatches of up to ", pieces, " pieces need ", pieces * kPieceBookkeepingBytes,
+        "minibatches of up to ", pieces, " pieces need ", pieces * per_piece,
         " bytes of bookkeeping each, beyond the subscription budget server.subscriptionBytes (", o.subscription_bytes,
         " bytes): ask for smaller minibatches"));
   }

@@ -24,9 +24,15 @@
 namespace conveyor {
 
 // Bytes of bookkeeping a minibatch's piece costs the daemon besides the batch's bytes (the
-// planner's piece, the chunk reference, the placed piece, its descriptor entries): bounded
-// by the subscription's budget up front.
+// planner's piece, the chunk reference, the placed piece, its descriptor entries), and more
+// for each stream of the dataset (the piece's samples of it, and where its entries lie when
+// any stream is sparse: BatchPlan::counts and ::entries): bounded by the subscription's
+// budget up front.
 inline constexpr uint64_t kPieceBookkeepingBytes = 256;
+inline constexpr uint64_t kPieceStreamBookkeepingBytes = 40;
+inline uint64_t PieceBookkeepingBytes(size_t streams) {
+  return kPieceBookkeepingBytes + kPieceStreamBookkeepingBytes * streams;
+}
 
 struct StreamSetup {
   std::shared_ptr<const Dataset> dataset;
