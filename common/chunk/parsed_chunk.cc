@@ -23,4 +23,10 @@ void NoteOneSampleStreams(ParsedChunk* chunk) {
   }
 }
 
+void NoteIdentitySlots(ParsedChunk* chunk) {
+  bool identity = chunk->slot_of.size() == chunk->num_sequences();
+  for (size_t j = 0; identity && j < chunk->slot_of.size(); ++j) identity = chunk->slot_of[j] == static_cast<int32_t>(j);
+  chunk->identity_slots = identity;
+}
+
 }  // namespace conveyor

@@ -147,6 +147,9 @@ struct ParsedChunk {
   std::vector<std::string> names;     // per parsed sequence, for string-keyed formats; else empty
   HugeVector<uint32_t> lengths;       // per parsed sequence: samples for minibatch counting
   HugeVector<int32_t> slot_of;        // per index sequence of the chunk: parsed slot or -1
+  // Every index sequence of the chunk was kept: slot_of[j] == j (NoteIdentitySlots), so a
+  // randomized read need not look its slot up (a miss a piece).
+  bool identity_slots = false;
   // The chunk's bytes as read from its file, when its streams use values where they lie
   // (`in_place`, `sparse_*_in_place` point into them: CBF); empty otherwise.
   HugeBytes file_bytes;
@@ -159,5 +162,7 @@ struct ParsedChunk {
 // Sets each stream's one_sample_each from its sequence_begin (one pass; Dataset::ParseChunk
 // calls it on every chunk it parses).
 void NoteOneSampleStreams(ParsedChunk* chunk);
+// Sets identity_slots from slot_of (one pass; Dataset::ParseChunk calls it on every chunk).
+void NoteIdentitySlots(ParsedChunk* chunk);
 
 }  // namespace conveyor

@@ -298,7 +298,10 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_
   // The chunk's bad sequences count against maxErrors once, not at every parse of it.
   ErrorBudget::ChunkScope scope(budget_.get(), chunk_id);
   auto chunk = chunked_ == nullptr ? ParseJoinedChunk(chunk_id) : chunked_->ParseChunk(chunk_id);
-  if (chunk.ok()) NoteOneSampleStreams(chunk->get());
+  if (chunk.ok()) {
+    NoteOneSampleStreams(chunk->get());
+    NoteIdentitySlots(chunk->get());
+  }
   return chunk;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
 
@@ -234,6 +235,22 @@ TEST_F(CtfReader, MaxErrorsSkipsBadSequencesUntilTheBudgetIsSpent) {
   ASSERT_FALSE(beyond.ok());
   EXPECT_NE(beyond.status().message().find("data.ctf:4:6: unexpected 'y'"), std::string::npos) << beyond.status();
   EXPECT_NE(beyond.status().message().find("more than maxErrors=1"), std::string::npos) << beyond.status();
+}
+
+// A chunk that kept every sequence says so (identity_slots: the loader then takes a piece's
+// slot from its place in the chunk instead of reading slot_of); one that dropped a bad
+// sequence does not, and its slots skip the dropped ones.
+TEST_F(CtfReader, AChunkSaysWhetherItKeptEverySequence) {
+  for (const bool bad : {false, true}) {
+    const std::string data = bad ? "1 |a 1\n2 |a x\n3 |a 3\n" : "1 |a 1\n2 |a 2\n3 |a 3\n";
+    auto ds = Dataset::Open(CtfDataset(dir_.Write(bad ? "bad.ctf" : "good.ctf", data), "{a: {dim: 1, format: dense}}",
+                                       "maxErrors: 1"));
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    auto chunk = (*ds)->ParseChunk(0);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ((*chunk)->identity_slots, !bad);
+    EXPECT_EQ((*chunk)->slot_of, bad ? HugeVector<int32_t>({0, -1, 1}) : HugeVector<int32_t>({0, 1, 2}));
+  }
 }
 
 // maxErrors counts bad sequences of the input, not how often they are read: a chunk parsed
