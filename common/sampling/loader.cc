@@ -232,7 +232,7 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
     const int32_t slot = chunk->identity_slots ? static_cast<int32_t>(piece.index_in_chunk)
                                                : chunk->slot_of[piece.index_in_chunk];
     if (slot < 0) continue;  // dropped as bad: a gap in BPTT, one row less otherwise
-    PieceRef r;
+    PieceRef& r = refs.emplace_back();  // in place, not copied from the stack (as in the planner)
     r.chunk = chunk;
     r.slot = static_cast<uint32_t>(slot);
     r.sample_begin = piece.sample_begin;
@@ -242,7 +242,6 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
     r.begins = piece.begins;
     r.ends = piece.ends;
     if (frame_mode && dataset_->index().sequences[piece.sequence].num_samples > 1) r.frame = piece.frame;
-    refs.push_back(r);
   }
   f->used = std::move(p.distinct);
   std::sort(f->used.begin(), f->used.end());  // released in ticket order, as before

@@ -253,7 +253,10 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
           chunk = v.chunk;
           first_sequence = index_->chunks[chunk].first_sequence;
         }
-        Piece p;
+        // Written in place: a Piece built on the stack and then pushed was stored field by
+        // field and reloaded 16 bytes at a time, a failed store-to-load forward each unit
+        // (half of this function's time in perf).
+        Piece& p = b.pieces.emplace_back();
         p.sequence = v.sequence;
         p.chunk = v.chunk;
         p.index_in_chunk = static_cast<uint32_t>(v.sequence - first_sequence);
@@ -263,7 +266,6 @@ std::optional<PlannedBatch> Planner::NextFrameOrSequence() {
           p.sample_count = 1;
         }
         p.row = rows++;
-        b.pieces.push_back(p);
       }
       position += v.samples;
       in_sweep += v.samples;
