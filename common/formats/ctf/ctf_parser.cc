@@ -353,6 +353,17 @@ class ChunkParser {
         const char* q = p;
         // ' ', an index of up to 7 digits, ':', then SseReal's reads.
         constexpr int kEntryBytes = 1 + 7 + 1 + ctf::kSseRealBytes;
+        // Entries gathered here and appended a run at a time: GCC keeps the vectors'
+        // push_back out of line (a call per entry, a fifth of a sparse parse in perf).
+        constexpr int kRun = 32;
+        int32_t run_indices[kRun];
+        T run_values[kRun];
+        int run = 0;
+        auto flush = [&] {
+          st->indices.insert(st->indices.end(), run_indices, run_indices + run);
+          values.insert(values.end(), run_values, run_values + run);
+          run = 0;
+        };
         while (limit - q >= kEntryBytes && *q == ' ') {
           uint64_t idx;
           const char* colon;
@@ -365,9 +376,11 @@ class ChunkParser {
           } else if (!ctf::SseReal(v, &q, &value)) {
             break;
           }
-          st->indices.push_back(static_cast<int32_t>(idx));
-          values.push_back(value);
+          run_indices[run] = static_cast<int32_t>(idx);
+          run_values[run] = value;
+          if (++run == kRun) flush();
         }
+        if (run > 0) flush();
         p = q;
       }
 #endif
