@@ -234,19 +234,21 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
   std::vector<float> values(frames * d);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) * 0.25f - 3;
   dir.Write("f.htk", BigEndianHtk(frames, 100000, 4 * d, 9, values));
-  dir.Write("f.scp", "a=.../f.htk[0,199]\nb=.../f.htk[200,299]\n");
+  // c: an utterance shorter than the widest window (every frame of it is at an edge).
+  dir.Write("f.scp", "a=.../f.htk[0,199]\nb=.../f.htk[200,299]\nc=.../f.htk[5,7]\n");
   for (const char* precision : {"float", "double"}) {
-    for (int window : {1, 3}) {
+    for (int window : {1, 3, 11}) {
       SCOPED_TRACE(absl::StrCat(precision, " window ", window));
       auto config = LoadConfigFile(dir.Write("c.yaml", absl::StrCat(
           "datasets:\n  h:\n    randomize: false\n    precision: ", precision, "\n    deserializers:\n"
           "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", d * window,
-          window > 1 ? ", contextWindow: 3" : "", "}}\n")));
+          window > 1 ? absl::StrCat(", contextWindow: ", window) : "", "}}\n")));
       ASSERT_TRUE(config.ok()) << config.status();
       auto dump = DumpDataset(config->datasets[0], ReadOptions());
       ASSERT_TRUE(dump.ok()) << dump.status();
       std::string want;
-      for (auto [key, first, last] : {std::make_tuple("a", 0, 199), std::make_tuple("b", 200, 299)}) {
+      for (auto [key, first, last] :
+           {std::make_tuple("a", 0, 199), std::make_tuple("b", 200, 299), std::make_tuple("c", 5, 7)}) {
         absl::StrAppend(&want, "{\"epoch\":0,\"batch\":0,\"key\":\"", key, "\",\"streams\":{\"x\":{\"dense\":[");
         for (int t = first; t <= last; ++t) {
           want += t > first ? ",[" : "[";

@@ -281,15 +281,15 @@ class HtkFeatureSource final : public Deserializer {
     HugeVector<T>& values = ps.values<T>();
     const bool windowed = left_ > 0 || right_ > 0;
     // Without a context window frames decode straight into the chunk; with one, once into
-    // floats, and the windows are copied from those.
-    std::vector<float> frames(windowed ? static_cast<size_t>(e.frames) * d : 0);
+    // floats (not zeroed first: every value is written), and the windows are copied from those.
+    std::unique_ptr<float[]> frames(windowed ? new float[static_cast<size_t>(e.frames) * d] : nullptr);
     const size_t direct = values.size();
     if (!windowed) values.resize(direct + static_cast<size_t>(e.frames) * d);
     const bool contiguous = !h.compressed && static_cast<uint64_t>(h.sample_bytes) == uint64_t{4} * d;
     if (contiguous) {  // the utterance's frames lie back to back: one pass over all of them
       const char* p = base + h.data_offset + static_cast<uint64_t>(e.first) * static_cast<uint64_t>(h.sample_bytes);
       const size_t n = static_cast<size_t>(e.frames) * d;
-      if (windowed) LoadFloats(p, n, h.big_endian, frames.data());
+      if (windowed) LoadFloats(p, n, h.big_endian, frames.get());
       else LoadFloats(p, n, h.big_endian, values.data() + direct);
     }
     for (int64_t t = 0; t < e.frames && !contiguous; ++t) {
@@ -314,16 +314,30 @@ class HtkFeatureSource final : public Deserializer {
       return absl::OkStatus();
     }
     const uint64_t window = static_cast<uint64_t>(left_ + 1 + right_);
-    size_t w = values.size();
-    values.resize(w + static_cast<size_t>(e.frames) * window * d);
-    for (int64_t t = 0; t < e.frames; ++t) {
-      for (int64_t k = t - left_; k <= t + right_; ++k) {
-        const int64_t src = std::min(std::max<int64_t>(k, 0), e.frames - 1);
-        const float* from = frames.data() + src * d;
-        if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(values.data() + w, from, d * sizeof(float));
-          w += d;
-        } else {
+    const size_t need = values.size() + static_cast<size_t>(e.frames) * window * d;
+    if (values.capacity() < need) values.reserve(std::max(need, values.capacity() + values.capacity() / 2));
+    if constexpr (std::is_same_v<T, float>) {
+      // Appended, not resized and then overwritten: the windows are `window` times the
+      // frames, and zeroing them first was half of a windowed read's parsing. A frame whose
+      // window lies inside the utterance is one run of the frames (they are back to back);
+      // at the edges the first or last frame repeats.
+      for (int64_t t = 0; t < e.frames; ++t) {
+        if (t - left_ >= 0 && t + right_ < e.frames) {
+          const float* from = frames.get() + (t - left_) * static_cast<int64_t>(d);
+          values.insert(values.end(), from, from + window * d);
+          continue;
+        }
+        for (int64_t k = t - left_; k <= t + right_; ++k) {
+          const float* from = frames.get() + std::min(std::max<int64_t>(k, 0), e.frames - 1) * static_cast<int64_t>(d);
+          values.insert(values.end(), from, from + d);
+        }
+      }
+    } else {
+      size_t w = values.size();
+      values.resize(need);
+      for (int64_t t = 0; t < e.frames; ++t) {
+        for (int64_t k = t - left_; k <= t + right_; ++k) {
+          const float* from = frames.get() + std::min(std::max<int64_t>(k, 0), e.frames - 1) * static_cast<int64_t>(d);
           for (uint32_t j = 0; j < d; ++j) values[w++] = static_cast<T>(from[j]);
         }
       }
