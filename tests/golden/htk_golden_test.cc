@@ -237,12 +237,17 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
   // c: an utterance shorter than the widest window (every frame of it is at an edge).
   dir.Write("f.scp", "a=.../f.htk[0,199]\nb=.../f.htk[200,299]\nc=.../f.htk[5,7]\n");
   for (const char* precision : {"float", "double"}) {
-    for (int window : {1, 3, 11}) {
-      SCOPED_TRACE(absl::StrCat(precision, " window ", window));
+    // No window, symmetric windows as one number, and lopsided ones as [left, right].
+    for (auto [left, right] : {std::make_pair(0, 0), std::make_pair(1, 1), std::make_pair(5, 5),
+                               std::make_pair(2, 0), std::make_pair(1, 3)}) {
+      const int window = left + 1 + right;
+      SCOPED_TRACE(absl::StrCat(precision, " window [", left, ", ", right, "]"));
+      const std::string context = window == 1       ? ""
+                                  : left == right ? absl::StrCat(", contextWindow: ", window)
+                                                  : absl::StrCat(", contextWindow: [", left, ", ", right, "]");
       auto config = LoadConfigFile(dir.Write("c.yaml", absl::StrCat(
           "datasets:\n  h:\n    randomize: false\n    precision: ", precision, "\n    deserializers:\n"
-          "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", d * window,
-          window > 1 ? absl::StrCat(", contextWindow: ", window) : "", "}}\n")));
+          "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", d * window, context, "}}\n")));
       ASSERT_TRUE(config.ok()) << config.status();
       auto dump = DumpDataset(config->datasets[0], ReadOptions());
       ASSERT_TRUE(dump.ok()) << dump.status();
@@ -253,7 +258,7 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
         for (int t = first; t <= last; ++t) {
           want += t > first ? ",[" : "[";
           bool comma = false;
-          for (int k = t - (window - 1) / 2; k <= t + (window - 1) / 2; ++k) {
+          for (int k = t - left; k <= t + right; ++k) {
             const int f = std::min(std::max(k, first), last);
             for (int j = 0; j < d; ++j) {
               absl::StrAppend(&want, comma ? "," : "", values[f * d + j]);

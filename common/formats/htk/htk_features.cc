@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
