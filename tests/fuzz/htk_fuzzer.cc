@@ -1,13 +1,74 @@
 // libFuzzer: arbitrary bytes as an HTK feature file header, an MLF (text or binary, with and
-// without a state list) and scp lines. Any input must end in a status, never a read out of
-// bounds (ASan) or undefined behaviour (UBSan).
+// without a state list) and scp lines; and, after a 3-byte prefix, as a whole feature file
+// read through a dataset with a context window (each frame's window of its neighbours, the
+// utterance's edges repeated). Any input must end in a status, never a read out of bounds
+// (ASan) or undefined behaviour (UBSan).
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <string_view>
 
+#include "absl/strings/str_cat.h"
+#include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
 #include "common/formats/htk/htk_features.h"
 #include "common/formats/htk/mlf.h"
+
+namespace {
+
+// A directory of this process's own for the feature file and its scp list, removed at exit.
+// (Never destroyed: the exit handler still reads it.)
+const std::string& Dir() {
+  static const std::string* dir = [] {
+    auto* t = new std::string("/tmp/conveyor-htk-fuzz.XXXXXX");
+    if (mkdtemp(t->data()) == nullptr) std::abort();
+    std::atexit([] {
+      for (const char* name : {"/f.htk", "/f.scp"}) unlink((Dir() + name).c_str());
+      rmdir(Dir().c_str());
+    });
+    return t;
+  }();
+  return *dir;
+}
+
+void Write(const std::string& path, std::string_view bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// data[0] and data[1]: the window's left and right context (0-5 frames each); data[2]: a
+// second scp entry over frames [0, data[2] / 2] when odd. The rest: the feature file.
+void DecodeThroughADataset(const uint8_t* data, size_t size) {
+  const int left = data[0] % 6, right = data[1] % 6;
+  const std::string_view file(reinterpret_cast<const char*>(data) + 3, size - 3);
+  // The input's dim must be the file's values a frame times the window (the config says it).
+  auto header = conveyor::ParseHtkHeader(file, "f.htk");
+  if (!header.ok()) return;
+  const std::string& dir = Dir();
+  Write(dir + "/f.htk", file);
+  std::string scp = "u=.../f.htk\n";
+  if (data[2] & 1) absl::StrAppend(&scp, "v=.../f.htk[0,", data[2] / 2, "]\n");
+  Write(dir + "/f.scp", scp);
+  const std::string yaml = absl::StrCat(
+      "datasets:\n  h:\n    randomize: false\n    maxErrors: 1000000\n    deserializers:\n"
+      "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", static_cast<uint64_t>(header->dim) * (left + 1 + right),
+      ", contextWindow: [", left, ", ", right, "]}}\n");
+  auto config = conveyor::ParseConfig(yaml, "fuzz.yaml", dir);
+  if (!config.ok() || config->datasets.empty()) return;
+  conveyor::DatasetOpenOptions options;
+  options.index_threads = 1;
+  options.diagnostics_sink = [](conveyor::Severity, const std::string&) {};
+  auto dataset = conveyor::Dataset::Open(config->datasets[0], options);
+  if (!dataset.ok()) return;
+  const size_t chunks = (*dataset)->index().chunks.size();
+  for (size_t c = 0; c < chunks && c < 64; ++c) (void)(*dataset)->ParseChunk(c);
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
@@ -24,5 +85,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)conveyor::MlfKey(bytes.substr(at, eol - at));
     at = eol + 1;
   }
+  if (size >= 3) DecodeThroughADataset(data, size);
   return 0;
 }
