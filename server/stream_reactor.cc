@@ -278,6 +278,9 @@ void StreamReactor::Produce() {
   uint64_t serial = 0;  // the next batch to begin (only this thread advances them)
   bool ended = false;
   absl::Status failed;
+  // One Batch for every completion: Complete() hands the one it replaces back to the loader,
+  // whose next plan reuses its arrays (Publish() copies what it sends).
+  Batch batch;
   while (true) {
     bool may_begin = false;
     {
@@ -330,7 +333,6 @@ void StreamReactor::Produce() {
       }
       continue;  // waits for a credit
     }
-    Batch batch;
     absl::Status done = loader_->Complete(&batch);
     if (!done.ok()) {
       std::lock_guard<std::mutex> lock(mu_);

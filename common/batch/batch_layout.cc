@@ -160,6 +160,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     any_sparse = any_sparse || sparse[s];
   }
   if (any_sparse) plan->entries.assign(pieces.size() * ns, PieceEntries{});
+  else plan->entries.clear();  // (a recycled plan's)
   // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
   // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
   // needs the first), the misses of many pieces overlap; the assembler then finds these lines
@@ -209,7 +210,9 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     PlacedPiece& pp = plan->pieces[i];
     uint32_t* counts = plan->counts.data() + i * ns;
     pp.key = p.chunk->keys[p.slot];
+    // Into the string a recycled plan left there: no allocation once it is long enough.
     if (!p.chunk->names.empty()) pp.name = p.chunk->names[p.slot];
+    else if (!pp.name.empty()) pp.name.clear();
     pp.frame = p.frame;
     pp.row = p.row;
     pp.t0 = p.t0;
@@ -317,7 +320,8 @@ absl::Status PlaceStreamArrays(uint64_t n, DType value_type, StreamLayout* L, ui
 
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
-                                    absl::Span<const OutputLayout> layouts, absl::Span<const DType> value_dtypes) {
+                                    absl::Span<const OutputLayout> layouts, absl::Span<const DType> value_dtypes,
+                                    BatchPlan* recycled) {
   if (!layouts.empty() && layouts.size() != streams.size()) {
     return absl::InternalError("one layout per stream expected");
   }
@@ -325,6 +329,14 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     return absl::InternalError("one value dtype per stream expected");
   }
   BatchPlan plan;
+  if (recycled != nullptr) {  // every element is written again below
+    plan.pieces = std::move(recycled->pieces);
+    plan.counts = std::move(recycled->counts);
+    plan.entries = std::move(recycled->entries);
+    recycled->pieces.clear();
+    recycled->counts.clear();
+    recycled->entries.clear();
+  }
   plan.precision = precision;
   plan.shape = shape;
   plan.num_sequences = pieces.size();

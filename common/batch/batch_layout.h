@@ -57,10 +57,13 @@ struct PieceRef {
 // Errors: InvalidArgument when a frame-mode piece has several samples, a piece falls
 // outside its row in BPTT, streams of a BPTT piece differ in length, a layout does not
 // apply to its stream; ResourceExhausted past kMaxBatchBytes.
+// `recycled`, when given, is a plan its reader is done with: the new plan takes its arrays
+// of pieces, counts and entries (left empty there), so that a batch costs no allocation per
+// piece (a string-keyed piece's name is copied into the string already there).
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
                                     absl::Span<const OutputLayout> layouts = {},
-                                    absl::Span<const DType> value_dtypes = {});
+                                    absl::Span<const DType> value_dtypes = {}, BatchPlan* recycled = nullptr);
 
 // Checks that the values of a stream of `format` in `precision` may be delivered as `dtype`
 // (float16 or bfloat16, float precision, not ids). The message names the stream.

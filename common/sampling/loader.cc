@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -257,7 +258,8 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   shape.rows = rows;
   shape.steps = p.batch.steps;
   shape.frame_mode = frame_mode;
-  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_, value_dtypes_);
+  auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_, value_dtypes_,
+                        &spare_plan_);
   if (!plan.ok()) {
     give_back();
     return plan.status();
@@ -293,8 +295,11 @@ absl::Status Loader::Complete(Batch* out) {
   f->held.clear();
   for (uint64_t t : f->used) Unref(t);
   RETURN_IF_ERROR(st);
-  *out = std::move(f->batch);
-  out->plan.entries = {};  // addresses in the chunks just given back
+  // Swapped, not assigned: what `out` held (the caller's previous batch, which this call
+  // replaces) comes back here, and its plan's arrays serve the next batch planned.
+  std::swap(*out, f->batch);
+  out->plan.entries.clear();  // addresses in the chunks just given back
+  spare_plan_ = std::move(f->batch.plan);
   out->bytes = absl::MakeConstSpan(f->dst.data(), out->plan.total_bytes);
   return absl::OkStatus();
 }

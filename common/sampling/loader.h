@@ -161,6 +161,9 @@ class Loader {
   std::deque<std::unique_ptr<InFlight>> in_flight_;  // begun, oldest first
   std::byte* buffer_ = nullptr;
   size_t buffer_size_ = 0;
+  // The plan of a batch the caller has handed back (Complete() swaps it out of its Batch):
+  // the next PlanBatch() reuses its arrays and its pieces' name strings.
+  BatchPlan spare_plan_;
 };
 
 // Reads `loader` to its end with up to `depth` batches in flight (Begin() ahead, Complete()

@@ -12,9 +12,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/batch/assembler.h"
 #include "common/config/config_loader.h"
 #include "common/formats/htk/htk_features.h"
 #include "common/formats/htk/mlf.h"
+#include "common/sampling/loader.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
@@ -271,6 +273,74 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
       }
       EXPECT_EQ(*dump, want);
     }
+  }
+}
+
+// The loader hands a caller's previous batch plan back to the next PlanBatch (its arrays and
+// its pieces' name strings reused): a caller that passes the same Batch to every Next() must
+// get exactly what one passing a fresh Batch gets. Frame mode, so that each frame is a piece
+// carrying its utterance's name; names short (in the string itself) and long (on the heap),
+// batches that cut utterances anywhere, and a short last batch.
+TEST(Htk, AReusedBatchGetsThePlanAFreshOneWould) {
+  TempDir dir;
+  const int frames = 40, d = 2;
+  std::vector<float> values(frames * d);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  dir.Write("f.htk", BigEndianHtk(frames, 100000, 4 * d, 9, values));
+  dir.Write("f.scp",
+            "a=.../f.htk[0,6]\n"
+            "an_utterance_name_well_past_fifteen_characters=.../f.htk[7,19]\n"
+            "b=.../f.htk[20,22]\n"
+            "another_long_utterance_name_of_a_second_length_xyz=.../f.htk[23,39]\n");
+  auto config = LoadConfigFile(dir.Write("c.yaml",
+      "datasets:\n  h:\n    randomize: false\n    frameMode: true\n    deserializers:\n"
+      "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: 2}}\n"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(config->datasets[0]);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  auto cpu = MakeCpuAssembler();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 9;
+  lo.planner.epochs = 2;
+  lo.planner.randomizer.frame_mode = true;  // (what the CLI and the daemon take from frameMode)
+  struct Seen {
+    std::vector<std::string> pieces;  // every field of every piece, as text
+    std::vector<uint32_t> counts;
+    std::string bytes;
+  };
+  auto read = [&](bool reuse) {
+    std::vector<Seen> out;
+    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    EXPECT_TRUE(loader.ok()) << loader.status();
+    if (!loader.ok()) return out;
+    Batch kept;
+    while (true) {
+      Batch fresh;
+      Batch& b = reuse ? kept : fresh;
+      auto more = (*loader)->Next(&b);
+      EXPECT_TRUE(more.ok()) << more.status();
+      if (!more.ok() || !*more) break;
+      Seen seen;
+      for (const PlacedPiece& p : b.plan.pieces) {
+        seen.pieces.push_back(absl::StrCat(p.key, "/", p.name, "/", p.frame, "/", p.row, "/", p.t0, "/", p.sample_begin,
+                                           "/", p.truncated, "/", p.longest));
+      }
+      seen.counts = b.plan.counts;
+      seen.bytes.assign(reinterpret_cast<const char*>(b.bytes.data()), b.bytes.size());
+      EXPECT_TRUE(b.plan.entries.empty());
+      out.push_back(std::move(seen));
+    }
+    return out;
+  };
+  const std::vector<Seen> fresh = read(false), reused = read(true);
+  ASSERT_EQ(fresh.size(), 10u);  // 2 epochs of 40 frames in batches of 9: 4 of 9 and one of 4
+  ASSERT_EQ(reused.size(), fresh.size());
+  EXPECT_EQ(fresh[4].pieces.size(), 4u);
+  EXPECT_EQ(fresh[1].pieces[0], "1/an_utterance_name_well_past_fifteen_characters/2/0/0/2/0/1");
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    EXPECT_EQ(reused[i].pieces, fresh[i].pieces) << "batch " << i;
+    EXPECT_EQ(reused[i].counts, fresh[i].counts) << "batch " << i;
+    EXPECT_EQ(reused[i].bytes, fresh[i].bytes) << "batch " << i;
   }
 }
 
