@@ -379,14 +379,16 @@ const HugeVector<Unit>& SweepOrder::Segment(uint64_t i) {
     }
     segment_.reserve(c.num_samples);
     for (uint64_t k = 0; k < c.num_sequences; ++k) {
-      Unit u;
-      u.sequence = c.first_sequence + k;
-      u.chunk = chunk;
-      u.position = static_cast<uint32_t>(i);
-      u.samples = 1;
       for (uint32_t f = 0; f < entries[k].num_samples; ++f) {
+        // Written in place: one Unit on the stack with its frame changed and then copied
+        // stalled each frame on its 16-byte reload of the 4 bytes just stored (90% of this
+        // function in a frame-mode profile).
+        Unit& u = segment_.emplace_back();
+        u.sequence = c.first_sequence + k;
         u.frame = f;
-        segment_.push_back(u);
+        u.samples = 1;
+        u.chunk = chunk;
+        u.position = static_cast<uint32_t>(i);
       }
     }
     return segment_;
