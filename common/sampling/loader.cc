@@ -299,7 +299,9 @@ absl::Status Loader::Complete(Batch* out) {
   // replaces) comes back here, and its plan's arrays serve the next batch planned.
   std::swap(*out, f->batch);
   out->plan.entries.clear();  // addresses in the chunks just given back
-  spare_plan_ = std::move(f->batch.plan);
+  spare_plan_.pieces = std::move(f->batch.plan.pieces);  // (what PlanBatch reuses, no more)
+  spare_plan_.counts = std::move(f->batch.plan.counts);
+  spare_plan_.entries = std::move(f->batch.plan.entries);
   out->bytes = absl::MakeConstSpan(f->dst.data(), out->plan.total_bytes);
   return absl::OkStatus();
 }

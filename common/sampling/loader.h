@@ -86,6 +86,8 @@ class Loader {
   //   Begin(d); while (Begin(d)) { Complete(&b); use(b); }  Complete(&b); use(b);
   // Chunks stay held until their batch completes. Errors as Next(); after an error from
   // Begin(), the batches begun before it can still be completed.
+  // What `out` held before (Next() and Complete() replace it) is taken back: a caller that
+  // passes the same Batch every time lets the next batch's plan reuse its arrays.
   absl::StatusOr<bool> Begin(const BatchDestination& destination);
   absl::Status Complete(Batch* out);
   size_t in_flight() const { return in_flight_.size(); }
