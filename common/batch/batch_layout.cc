@@ -329,13 +329,10 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
     return absl::InternalError("one value dtype per stream expected");
   }
   BatchPlan plan;
-  if (recycled != nullptr) {  // every element is written again below
+  if (recycled != nullptr) {  // (moved out: left empty there) every element is written again below
     plan.pieces = std::move(recycled->pieces);
     plan.counts = std::move(recycled->counts);
     plan.entries = std::move(recycled->entries);
-    recycled->pieces.clear();
-    recycled->counts.clear();
-    recycled->entries.clear();
   }
   plan.precision = precision;
   plan.shape = shape;

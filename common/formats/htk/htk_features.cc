@@ -315,8 +315,7 @@ class HtkFeatureSource final : public Deserializer {
       return absl::OkStatus();
     }
     const uint64_t window = static_cast<uint64_t>(left_ + 1 + right_);
-    const size_t need = values.size() + static_cast<size_t>(e.frames) * window * d;
-    if (values.capacity() < need) values.reserve(std::max(need, values.capacity() + values.capacity() / 2));
+    // (The chunk's values were reserved for all its windows: Dataset::ParseChunk.)
     if constexpr (std::is_same_v<T, float>) {
       // Appended, not resized and then overwritten: the windows are `window` times the
       // frames, and zeroing them first was half of a windowed read's parsing. A frame whose
@@ -335,7 +334,7 @@ class HtkFeatureSource final : public Deserializer {
       }
     } else {
       size_t w = values.size();
-      values.resize(need);
+      values.resize(w + static_cast<size_t>(e.frames) * window * d);
       for (int64_t t = 0; t < e.frames; ++t) {
         for (int64_t k = t - left_; k <= t + right_; ++k) {
           const float* from = frames.get() + std::min(std::max<int64_t>(k, 0), e.frames - 1) * static_cast<int64_t>(d);
