@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace conveyor {
@@ -70,6 +72,12 @@ bool HugePagesEnabled();
 // std::allocator for large arrays: kHugeBlockMinBytes or more from AllocateHugeBlock(),
 // less from operator new. Stateless: all instances are equal, so containers using it move
 // and swap freely.
+//
+// Floating-point elements added without a value (resize(n), the count constructor) are
+// left unwritten, not zeroed: the parsers size a chunk's values and then write every one
+// (an HTK or Kaldi matrix decoded into place), and zeroing them first was a fifth of an HTK
+// read's CPU. Where zeros are meant, say so: resize(n, T{0}). Other element types are
+// value-initialized as by std::allocator.
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
@@ -89,6 +97,19 @@ struct HugePageAllocator {
     } else {
       FreeHugeBlock(p, n * sizeof(T));
     }
+  }
+
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    if constexpr (std::is_floating_point_v<U>) {
+      ::new (static_cast<void*>(p)) U;  // default-initialized: left as it is
+    } else {
+      ::new (static_cast<void*>(p)) U();
+    }
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
   }
 
   template <typename U>

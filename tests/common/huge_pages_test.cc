@@ -153,6 +153,37 @@ TEST(HugeVectors, KeepTheirValuesAcrossGrowthAndBlocks) {
   EXPECT_EQ(small.back(), 3);
 }
 
+// resize(n) in a block handed out again: floats and doubles keep what the block held (the
+// parsers write every value they add), every other type is zeroed, and a value given is
+// written. The same block each time: a freed block serves the next array of its size.
+TEST_F(HugeBlocks, ResizeLeavesFloatsUnwrittenAndZeroesEverythingElse) {
+  const size_t n = 3 * kMiB / sizeof(float);
+  const float* first = nullptr;
+  {
+    HugeVector<float> dirty(n, 7.5f);
+    first = dirty.data();
+  }
+  HugeVector<float> f;
+  f.resize(n);
+  ASSERT_EQ(f.data(), first);
+  EXPECT_EQ(f[0], 7.5f);
+  EXPECT_EQ(f[n - 1], 7.5f);
+  f.resize(n / 2);
+  f.resize(n, 0.0f);  // asked for zeros: zeros
+  EXPECT_EQ(f[n / 2], 0.0f);
+  EXPECT_EQ(f[n - 1], 0.0f);
+  f = HugeVector<float>();
+  {
+    HugeVector<int32_t> dirty(n, 0x5a5a5a5a);
+    first = reinterpret_cast<const float*>(dirty.data());
+  }
+  HugeVector<int32_t> i;
+  i.resize(n);
+  ASSERT_EQ(reinterpret_cast<const float*>(i.data()), first);
+  for (size_t k = 0; k < n; k += 4099) ASSERT_EQ(i[k], 0) << k;
+  EXPECT_EQ(i[n - 1], 0);
+}
+
 // Whether the kernel may back the block with huge pages: its mapping's THPeligible in
 // /proc/self/smaps (1 with the advice where THP is `always` or `madvise`).
 TEST_F(HugeBlocks, BlocksAreEligibleForHugePagesWhereTheKernelAllowsThem) {
