@@ -159,7 +159,9 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     sparse[s] = streams[s].format == StreamFormat::kSparse;
     any_sparse = any_sparse || sparse[s];
   }
-  if (any_sparse) plan->entries.assign(pieces.size() * ns, PieceEntries{});
+  // Sized, not cleared first: the loop below writes every piece's entry of every stream (a
+  // recycled plan's are overwritten, not zeroed and then written).
+  if (any_sparse) plan->entries.resize(pieces.size() * ns);
   else plan->entries.clear();  // (a recycled plan's)
   // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
   // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
@@ -235,6 +237,8 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
         PieceEntries& e = plan->entries[i * ns + s];
         e.count = ne - nb;
         e.first_sample = b;
+        e.indices = nullptr;
+        e.values = nullptr;
         if (ne > nb) {  // (an empty vector's data() may be null: no address from it)
           if (ps.sparse_indices_in_place.empty()) {
             e.indices = reinterpret_cast<const std::byte*>(ps.indices.data()) + nb * sizeof(int32_t);
@@ -245,6 +249,8 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
             e.values = ps.sparse_values_in_place[p.slot] + skip * value_bytes;
           }
         }
+      } else if (any_sparse) {
+        plan->entries[i * ns + s] = PieceEntries{};
       }
     }
     pp.longest = longest;

@@ -298,10 +298,13 @@ absl::Status Loader::Complete(Batch* out) {
   // Swapped, not assigned: what `out` held (the caller's previous batch, which this call
   // replaces) comes back here, and its plan's arrays serve the next batch planned.
   std::swap(*out, f->batch);
-  out->plan.entries.clear();  // addresses in the chunks just given back
   spare_plan_.pieces = std::move(f->batch.plan.pieces);  // (what PlanBatch reuses, no more)
   spare_plan_.counts = std::move(f->batch.plan.counts);
-  spare_plan_.entries = std::move(f->batch.plan.entries);
+  // The entry addresses of the batch handed out point into the chunks just given back: not
+  // the caller's to read. Kept at their size for the next plan, which overwrites every one
+  // (instead of zeroing a cleared array first and then writing it).
+  spare_plan_.entries = std::move(out->plan.entries);
+  out->plan.entries.clear();
   out->bytes = absl::MakeConstSpan(f->dst.data(), out->plan.total_bytes);
   return absl::OkStatus();
 }

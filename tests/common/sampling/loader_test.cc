@@ -216,6 +216,54 @@ absl::StatusOr<std::vector<std::vector<std::byte>>> LoadAll(Dataset* ds, BatchAs
   return DrainNext(loader->get());
 }
 
+// A caller that passes the same Batch to every Next() lets the next plan reuse its arrays,
+// the sparse streams' entry addresses among them, which are overwritten, not cleared first:
+// its batches must be byte for byte those of a caller passing a fresh Batch each time.
+// Sparse samples with entries, empty ones and absent ones (a piece with none of a stream's
+// samples, after pieces that had some), in sequences of 1-3 samples, randomized.
+TEST(LoaderReuse, AReusedBatchAssemblesWhatAFreshOneDoes) {
+  TempDir dir;
+  std::string data;
+  for (int i = 0; i < 300; ++i) {
+    for (int t = 0; t < 1 + i % 3; ++t) {
+      data += std::to_string(i) + " |a " + std::to_string(i) + "." + std::to_string(t);
+      if (i % 5 != 4) {  // every fifth sequence has no sample of `s`
+        data += " |s";
+        for (int k = 0; k < (i + t) % 4; ++k) data += " " + std::to_string((i * 7 + k * 13) % 50) + ":" + std::to_string(k + 1);
+      }
+      data += "\n";
+    }
+  }
+  DatasetConfig c = CtfDataset(dir.Write("d.ctf", data), "{a: {dim: 1, format: dense}, s: {dim: 50, format: sparse}}");
+  c.deserializers[0].chunk_size_in_bytes = 600;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  for (OutputLayout layout : {OutputLayout::kNative, OutputLayout::kCsr, OutputLayout::kDense}) {
+    LoaderOptions lo;
+    lo.planner.minibatch_size = 11;
+    lo.planner.epochs = 2;
+    lo.planner.randomizer.randomize = true;
+    lo.planner.randomizer.window = 3;
+    lo.layouts = {OutputLayout::kNative, layout};
+    auto cpu = MakeCpuAssembler();
+    auto reused = LoadAll(ds->get(), cpu.get(), lo);  // DrainNext: one Batch throughout
+    ASSERT_TRUE(reused.ok()) << reused.status();
+    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    ASSERT_TRUE(loader.ok());
+    std::vector<std::vector<std::byte>> fresh;
+    while (true) {
+      Batch b;
+      auto more = (*loader)->Next(&b);
+      ASSERT_TRUE(more.ok()) << more.status();
+      if (!*more) break;
+      fresh.emplace_back(b.bytes.begin(), b.bytes.end());
+    }
+    ASSERT_GT(fresh.size(), 100u);
+    ASSERT_EQ(reused->size(), fresh.size());
+    for (size_t i = 0; i < fresh.size(); ++i) ASSERT_EQ((*reused)[i], fresh[i]) << "batch " << i << ", layout " << static_cast<int>(layout);
+  }
+}
+
 TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
   DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
   c.deserializers[0].chunk_size_in_bytes = 200;
