@@ -73,11 +73,12 @@ bool HugePagesEnabled();
 // less from operator new. Stateless: all instances are equal, so containers using it move
 // and swap freely.
 //
-// Floating-point elements added without a value (resize(n), the count constructor) are
-// left unwritten, not zeroed: the parsers size a chunk's values and then write every one
-// (an HTK or Kaldi matrix decoded into place), and zeroing them first was a fifth of an HTK
-// read's CPU. Where zeros are meant, say so: resize(n, T{0}). Other element types are
-// value-initialized as by std::allocator.
+// Numbers and pointers added without a value (resize(n), the count constructor) are left
+// unwritten, not zeroed: the parsers size a chunk's arrays and then write every element (an
+// HTK or Kaldi matrix decoded into place, a CBF chunk's tables), as do the radix sorts of a
+// sweep's order, and zeroing them first was a fifth of an HTK read's CPU. Where zeros are
+// meant, say so: resize(n, 0). Other element types (structs) are value-initialized as by
+// std::allocator.
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
@@ -101,7 +102,7 @@ struct HugePageAllocator {
 
   template <typename U>
   void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    if constexpr (std::is_floating_point_v<U>) {
+    if constexpr (std::is_arithmetic_v<U> || std::is_pointer_v<U>) {
       ::new (static_cast<void*>(p)) U;  // default-initialized: left as it is
     } else {
       ::new (static_cast<void*>(p)) U();

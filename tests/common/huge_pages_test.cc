@@ -153,19 +153,19 @@ TEST(HugeVectors, KeepTheirValuesAcrossGrowthAndBlocks) {
   EXPECT_EQ(small.back(), 3);
 }
 
-// resize(n) in a block handed out again: floats and doubles keep what the block held (the
-// parsers write every value they add), every other type is zeroed, and a value given is
+// resize(n) in a block handed out again: numbers and pointers keep what the block held (the
+// parsers and sorts write every element they add), structs are zeroed, and a value given is
 // written. The same block each time: a freed block serves the next array of its size.
-TEST_F(HugeBlocks, ResizeLeavesFloatsUnwrittenAndZeroesEverythingElse) {
+TEST_F(HugeBlocks, ResizeLeavesNumbersUnwrittenAndZeroesStructs) {
   const size_t n = 3 * kMiB / sizeof(float);
-  const float* first = nullptr;
+  const void* first = nullptr;
   {
     HugeVector<float> dirty(n, 7.5f);
     first = dirty.data();
   }
   HugeVector<float> f;
   f.resize(n);
-  ASSERT_EQ(f.data(), first);
+  ASSERT_EQ(static_cast<const void*>(f.data()), first);
   EXPECT_EQ(f[0], 7.5f);
   EXPECT_EQ(f[n - 1], 7.5f);
   f.resize(n / 2);
@@ -173,15 +173,19 @@ TEST_F(HugeBlocks, ResizeLeavesFloatsUnwrittenAndZeroesEverythingElse) {
   EXPECT_EQ(f[n / 2], 0.0f);
   EXPECT_EQ(f[n - 1], 0.0f);
   f = HugeVector<float>();
-  {
-    HugeVector<int32_t> dirty(n, 0x5a5a5a5a);
-    first = reinterpret_cast<const float*>(dirty.data());
-  }
-  HugeVector<int32_t> i;
-  i.resize(n);
-  ASSERT_EQ(reinterpret_cast<const float*>(i.data()), first);
-  for (size_t k = 0; k < n; k += 4099) ASSERT_EQ(i[k], 0) << k;
-  EXPECT_EQ(i[n - 1], 0);
+  HugeVector<uint64_t> u(n / 2);  // the count constructor: the same
+  ASSERT_EQ(static_cast<const void*>(u.data()), first);
+  EXPECT_EQ(u[0], 0x40f0000040f00000u);          // two floats 7.5
+  EXPECT_EQ(u[n / 2 - 1], 0u);                  // the zeros asked for above
+  u = HugeVector<uint64_t>();
+  struct Pair {
+    uint64_t a, b;
+  };
+  HugeVector<Pair> p;
+  p.resize(n / 4);
+  ASSERT_EQ(static_cast<const void*>(p.data()), first);
+  for (size_t k = 0; k < n / 4; k += 4099) ASSERT_EQ(p[k].a | p[k].b, 0u) << k;
+  EXPECT_EQ(p[n / 4 - 1].b, 0u);
 }
 
 // Whether the kernel may back the block with huge pages: its mapping's THPeligible in
