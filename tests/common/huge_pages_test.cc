@@ -155,37 +155,50 @@ TEST(HugeVectors, KeepTheirValuesAcrossGrowthAndBlocks) {
 
 // resize(n) in a block handed out again: numbers and pointers keep what the block held (the
 // parsers and sorts write every element they add), structs are zeroed, and a value given is
-// written. The same block each time: a freed block serves the next array of its size.
+// written. Each array gets the block a 3 MiB array of 0xAB bytes just gave back (a freed
+// block serves the next array of its size).
 TEST_F(HugeBlocks, ResizeLeavesNumbersUnwrittenAndZeroesStructs) {
-  const size_t n = 3 * kMiB / sizeof(float);
-  const void* first = nullptr;
-  {
-    HugeVector<float> dirty(n, 7.5f);
-    first = dirty.data();
-  }
+  constexpr size_t kBytes = 3 * kMiB;
+  auto dirty = [] {
+    HugeVector<uint8_t> d(kBytes, 0xAB);
+    return static_cast<const void*>(d.data());
+  };
+  const void* block = dirty();
   HugeVector<float> f;
-  f.resize(n);
-  ASSERT_EQ(static_cast<const void*>(f.data()), first);
-  EXPECT_EQ(f[0], 7.5f);
-  EXPECT_EQ(f[n - 1], 7.5f);
-  f.resize(n / 2);
-  f.resize(n, 0.0f);  // asked for zeros: zeros
-  EXPECT_EQ(f[n / 2], 0.0f);
-  EXPECT_EQ(f[n - 1], 0.0f);
+  f.resize(kBytes / sizeof(float));
+  ASSERT_EQ(static_cast<const void*>(f.data()), block);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &f.back(), 4);
+  EXPECT_EQ(bits, 0xABABABABu);
+  f.resize(f.size() / 2);
+  f.resize(kBytes / sizeof(float), 0.0f);  // asked for zeros: zeros
+  EXPECT_EQ(f[f.size() / 2], 0.0f);
+  EXPECT_EQ(f.back(), 0.0f);
   f = HugeVector<float>();
-  HugeVector<uint64_t> u(n / 2);  // the count constructor: the same
-  ASSERT_EQ(static_cast<const void*>(u.data()), first);
-  EXPECT_EQ(u[0], 0x40f0000040f00000u);          // two floats 7.5
-  EXPECT_EQ(u[n / 2 - 1], 0u);                  // the zeros asked for above
+
+  ASSERT_EQ(dirty(), block);
+  HugeVector<uint64_t> u(kBytes / sizeof(uint64_t));  // the count constructor: the same
+  ASSERT_EQ(static_cast<const void*>(u.data()), block);
+  EXPECT_EQ(u[0], 0xABABABABABABABABu);
+  EXPECT_EQ(u.back(), 0xABABABABABABABABu);
   u = HugeVector<uint64_t>();
+
+  ASSERT_EQ(dirty(), block);
+  HugeVector<const std::byte*> where;
+  where.resize(kBytes / sizeof(const std::byte*));
+  ASSERT_EQ(static_cast<const void*>(where.data()), block);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(where.back()), uintptr_t{0xABABABABABABABABu});
+  where = HugeVector<const std::byte*>();
+
+  ASSERT_EQ(dirty(), block);
   struct Pair {
     uint64_t a, b;
   };
   HugeVector<Pair> p;
-  p.resize(n / 4);
-  ASSERT_EQ(static_cast<const void*>(p.data()), first);
-  for (size_t k = 0; k < n / 4; k += 4099) ASSERT_EQ(p[k].a | p[k].b, 0u) << k;
-  EXPECT_EQ(p[n / 4 - 1].b, 0u);
+  p.resize(kBytes / sizeof(Pair));
+  ASSERT_EQ(static_cast<const void*>(p.data()), block);
+  for (size_t k = 0; k < p.size(); k += 4099) ASSERT_EQ(p[k].a | p[k].b, 0u) << k;
+  EXPECT_EQ(p.back().a | p.back().b, 0u);
 }
 
 // Whether the kernel may back the block with huge pages: its mapping's THPeligible in

@@ -216,12 +216,14 @@ absl::StatusOr<std::vector<std::vector<std::byte>>> LoadAll(Dataset* ds, BatchAs
   return DrainNext(loader->get());
 }
 
-// A caller that passes the same Batch to every Next() lets the next plan reuse its arrays,
-// the sparse streams' entry addresses among them, which are overwritten, not cleared first:
-// its batches must be byte for byte those of a caller passing a fresh Batch each time.
-// Sparse samples with entries, empty ones and absent ones (a piece with none of a stream's
-// samples, after pieces that had some), in sequences of 1-3 samples, randomized.
-TEST(LoaderReuse, AReusedBatchAssemblesWhatAFreshOneDoes) {
+// The loader hands each batch's plan arrays to the next plan: the pieces and counts of the
+// Batch a caller passes back, and always the entry addresses of sparse streams, which the next
+// plan overwrites (not cleared first). Every batch of a long read must be byte for byte the
+// first batch of a new loader resumed just before it, whose plan reuses nothing; and a caller
+// passing a fresh Batch each time gets the same. Sparse samples with entries, empty ones and
+// absent ones (a piece with no sample of the stream, after pieces with some), in sequences
+// of 1-3 samples, randomized; CSC, CSR and dense.
+TEST(LoaderReuse, EveryBatchIsWhatALoaderResumedBeforeItAssembles) {
   TempDir dir;
   std::string data;
   for (int i = 0; i < 300; ++i) {
@@ -246,21 +248,36 @@ TEST(LoaderReuse, AReusedBatchAssemblesWhatAFreshOneDoes) {
     lo.planner.randomizer.window = 3;
     lo.layouts = {OutputLayout::kNative, layout};
     auto cpu = MakeCpuAssembler();
-    auto reused = LoadAll(ds->get(), cpu.get(), lo);  // DrainNext: one Batch throughout
-    ASSERT_TRUE(reused.ok()) << reused.status();
-    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
-    ASSERT_TRUE(loader.ok());
-    std::vector<std::vector<std::byte>> fresh;
-    while (true) {
+    std::vector<std::vector<std::byte>> reused, fresh;
+    std::vector<CursorState> after;
+    for (bool reuse : {true, false}) {
+      auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+      ASSERT_TRUE(loader.ok());
+      Batch kept;
+      while (true) {
+        Batch one;
+        Batch& b = reuse ? kept : one;
+        auto more = (*loader)->Next(&b);
+        ASSERT_TRUE(more.ok()) << more.status();
+        if (!*more) break;
+        (reuse ? reused : fresh).emplace_back(b.bytes.begin(), b.bytes.end());
+        if (reuse) after.push_back(b.after);
+      }
+    }
+    ASSERT_GT(reused.size(), 100u);
+    ASSERT_EQ(fresh.size(), reused.size());
+    for (size_t i = 0; i < reused.size(); ++i) {
+      LoaderOptions one = lo;
+      if (i > 0) one.resume = after[i - 1];
+      auto loader = Loader::Create(ds->get(), cpu.get(), one);
+      ASSERT_TRUE(loader.ok()) << loader.status();
       Batch b;
       auto more = (*loader)->Next(&b);
-      ASSERT_TRUE(more.ok()) << more.status();
-      if (!*more) break;
-      fresh.emplace_back(b.bytes.begin(), b.bytes.end());
+      ASSERT_TRUE(more.ok() && *more) << "batch " << i;
+      const std::vector<std::byte> want(b.bytes.begin(), b.bytes.end());
+      ASSERT_EQ(reused[i], want) << "batch " << i << ", layout " << static_cast<int>(layout);
+      ASSERT_EQ(fresh[i], want) << "batch " << i << ", layout " << static_cast<int>(layout);
     }
-    ASSERT_GT(fresh.size(), 100u);
-    ASSERT_EQ(reused->size(), fresh.size());
-    for (size_t i = 0; i < fresh.size(); ++i) ASSERT_EQ((*reused)[i], fresh[i]) << "batch " << i << ", layout " << static_cast<int>(layout);
   }
 }
 
