@@ -199,7 +199,9 @@ TEST_F(CtfReader, ZeroPadsShortDenseSamplesInReusedMemory) {
   for (int i = 0; i < 20000; ++i) data += i % 2 ? "|a 1 2\n" : "|a 3\n";  // 20000 x 16 floats: 1.3 MB
   auto out = Read(data, "{a: {dim: 16, format: dense}}");
   ASSERT_TRUE(out.ok()) << out.status();
-  if (HugeBlocksInUse()) EXPECT_GT(GetHugeBlockStats().reuses, reuses);  // (else: operator new's memory)
+  if (HugeBlocksInUse()) {  // (else: operator new's memory)
+    EXPECT_GT(GetHugeBlockStats().reuses, reuses);
+  }
   EXPECT_EQ(out->find("7.25"), std::string::npos);
   size_t ones = 0, threes = 0;
   for (size_t at = 0; (at = out->find("[[1,2,0,0,0,0,0,0,0,0,0,0,0,0,0,0]]", at)) != std::string::npos; ++at) ++ones;
