@@ -77,7 +77,7 @@ bool HugePagesEnabled();
 // unwritten, not zeroed: the parsers size a chunk's arrays and then write every element (an
 // HTK or Kaldi matrix decoded into place, a CBF chunk's tables), as do the radix sorts of a
 // sweep's order, and zeroing them first was a fifth of an HTK read's CPU. Where zeros are
-// meant, say so: resize(n, 0). Other element types (structs) are value-initialized as by
+// meant, write them (resize(n, 0), or a fill). Other element types (structs) are value-initialized as by
 // std::allocator.
 template <typename T>
 struct HugePageAllocator {

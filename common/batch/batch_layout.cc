@@ -234,21 +234,18 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
       if (sparse[s] && c > 0) {
         const uint64_t nb = ps.nnz_begin[b], ne = ps.nnz_begin[b + c];
         x.nnz += ne - nb;
-        PieceEntries& e = plan->entries[i * ns + s];
-        e.count = ne - nb;
-        e.first_sample = b;
-        e.indices = nullptr;
-        e.values = nullptr;
+        const std::byte *indices = nullptr, *values = nullptr;
         if (ne > nb) {  // (an empty vector's data() may be null: no address from it)
           if (ps.sparse_indices_in_place.empty()) {
-            e.indices = reinterpret_cast<const std::byte*>(ps.indices.data()) + nb * sizeof(int32_t);
-            e.values = ps.ValueBytes(value_bytes) + nb * value_bytes;
+            indices = reinterpret_cast<const std::byte*>(ps.indices.data()) + nb * sizeof(int32_t);
+            values = ps.ValueBytes(value_bytes) + nb * value_bytes;
           } else {  // where the sequence's entries lie, from its first sample's on
             const uint64_t skip = nb - (b == first ? nb : ps.nnz_begin[first]);
-            e.indices = ps.sparse_indices_in_place[p.slot] + skip * sizeof(int32_t);
-            e.values = ps.sparse_values_in_place[p.slot] + skip * value_bytes;
+            indices = ps.sparse_indices_in_place[p.slot] + skip * sizeof(int32_t);
+            values = ps.sparse_values_in_place[p.slot] + skip * value_bytes;
           }
         }
+        plan->entries[i * ns + s] = PieceEntries{indices, values, ne - nb, b};
       } else if (any_sparse) {
         plan->entries[i * ns + s] = PieceEntries{};
       }

@@ -303,11 +303,9 @@ class ChunkParser {
     HugeVector<T>& values = st->values<T>();
     const uint32_t dim = st->dim;
     const size_t base = values.size();
-    values.resize(base + dim);  // not zeroed (HugePageAllocator), so:
+    values.resize(base + dim);  // (not zeroed: HugePageAllocator)
     T* out = values.data() + base;
-    // Zeroed whole before the values land, as before: a short sample is zero-padded. (Only a
-    // short sample's tail zeroed was tried: ctf_bench could not tell the two apart.)
-    std::fill(out, out + dim, T{0});
+    std::fill(out, out + dim, T{0});  // a short sample is zero-padded
 #if CTF_SIMD_NUMBERS
     const char* const limit = ReadLimit(end);
 #endif
