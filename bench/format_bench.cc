@@ -5,7 +5,8 @@
 // CBF: ctf2bin's layout, made here in memory in the shape of `gen_ctf sparse` converted (two
 // sparse float streams of dim 50000, 15 entries a one-sample sequence), 64 MiB in 8 MiB chunks
 // (past the last-level cache, as a file read from the page cache is): ParseCbfChunk of every
-// chunk, which checks every count and index and leaves the entries where they lie.
+// chunk, which checks every count and index and leaves the entries where they lie; and that
+// index check alone by variant (scalar, SSE2, AVX2), over one chunk held in cache.
 //   build/bench/format_bench [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
 // Throughput is MB/s of archive bytes (counters "bytes_per_second").
 #include <benchmark/benchmark.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/cbf/cbf_layout.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/kaldi/kaldi_table.h"
 
@@ -160,6 +162,50 @@ void BM_CbfSparseParse(benchmark::State& state) {
       static_cast<double>(state.iterations() * index->sequences.size()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CbfSparseParse)->Unit(benchmark::kMillisecond);
+
+// The index check of the CBF decoders (cbf::IndicesBelow, every sparse entry of a chunk) by
+// variant, over one chunk's worth of entries as the decoder meets them: runs of `nnz`
+// indices between the values, 8 MiB in all, read again each pass (a chunk just read lies in
+// the last-level cache). Bytes are the indices checked.
+void BM_CbfIndexCheck(benchmark::State& state, bool (*check)(const char*, uint64_t, uint32_t), uint64_t nnz) {
+  const uint64_t stride = 8 * nnz + 12;  // values, indices, a count and the sequence's header
+  std::vector<char> chunk(8u << 20);
+  uint64_t rng = 88172645463325252ull;
+  for (size_t i = 0; i + 4 <= chunk.size(); i += 4) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    const uint32_t index = static_cast<uint32_t>(rng % 50000);
+    std::memcpy(&chunk[i], &index, 4);
+  }
+  const uint64_t runs = chunk.size() / stride;
+  for (auto _ : state) {
+    bool all = true;
+    for (uint64_t j = 0; j < runs; ++j) all &= check(chunk.data() + j * stride + 4 * nnz, nnz, 50000);
+    if (!all) {
+      state.SkipWithError("an index out of range");
+      return;
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * runs * nnz * 4));
+}
+BENCHMARK_CAPTURE(BM_CbfIndexCheck, scalar_15, cbf::detail::IndicesBelowScalar, 15);
+BENCHMARK_CAPTURE(BM_CbfIndexCheck, dispatch_15, cbf::IndicesBelow, 15);
+BENCHMARK_CAPTURE(BM_CbfIndexCheck, dispatch_33, cbf::IndicesBelow, 33);
+#if defined(__SSE2__)
+BENCHMARK_CAPTURE(BM_CbfIndexCheck, sse2_15, cbf::detail::IndicesBelowSse2, 15);
+BENCHMARK_CAPTURE(BM_CbfIndexCheck, sse2_33, cbf::detail::IndicesBelowSse2, 33);
+#endif
+#if defined(CONVEYOR_CBF_AVX2)
+// (AVX2 alone runs only where the processor has it; the dispatch picks it there.)
+void BM_CbfIndexCheckAvx2(benchmark::State& state, uint64_t nnz) {
+  if (!__builtin_cpu_supports("avx2")) {
+    state.SkipWithError("this processor has no AVX2");
+    return;
+  }
+  BM_CbfIndexCheck(state, cbf::detail::IndicesBelowAvx2, nnz);
+}
+BENCHMARK_CAPTURE(BM_CbfIndexCheckAvx2, avx2_15, 15);
+BENCHMARK_CAPTURE(BM_CbfIndexCheckAvx2, avx2_33, 33);
+#endif
 
 }  // namespace
 }  // namespace conveyor
