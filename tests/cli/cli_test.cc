@@ -169,6 +169,12 @@ TEST(Cli, BenchJsonEndsWithTheSummaryLine) {
   last = last.substr(last.rfind('\n') + 1);
   EXPECT_EQ(last.rfind("{\"bytes\": 784980, \"seconds\": ", 0), 0u) << last;
   EXPECT_NE(last.find("\"samples\": 6000, \"batches\": "), std::string::npos) << last;
+  // The start and the rate after it, apart: several batches, so a rate after the first.
+  const size_t first = last.find("\"first_batch_ms\": "), steady = last.find("\"steady_mbs\": ");
+  ASSERT_NE(first, std::string::npos) << last;
+  ASSERT_NE(steady, std::string::npos) << last;
+  EXPECT_GT(std::stod(last.substr(first + 18)), 0.0) << last;
+  EXPECT_GT(std::stod(last.substr(steady + 14)), 0.0) << last;
 }
 
 TEST(Cli, IndexWritesAndReusesTheCache) {
