@@ -174,11 +174,12 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out, bool comp
   const bool single = compact && n > 0 && plan.counts.size() <= kMaxImpliedCounts && SingleSampleRows(plan);
   q->set_single_sample_rows(single);
   q->mutable_key()->Reserve(n);
-  bool framed = false, truncated = false;
+  bool framed = false, truncated = false, named = false;
   for (const PlacedPiece& p : plan.pieces) {
     q->add_key(p.key);
     framed = framed || p.frame >= 0;
     truncated = truncated || p.truncated;
+    named = named || !p.name.empty();
   }
   q->set_truncated(truncated);
   if (!single) {
@@ -192,7 +193,9 @@ void PlanToDescriptor(const BatchPlan& plan, v1::BatchDescriptor* out, bool comp
     }
     q->mutable_counts()->Add(plan.counts.begin(), plan.counts.end());
   }
-  if (!plan.pieces.empty() && !plan.pieces[0].name.empty()) {
+  // String keys (Kaldi, HTK): listed when any piece has one (a piece whose chunk has none
+  // goes as an empty name), not judged by the first piece alone.
+  if (named) {
     q->mutable_name()->Reserve(n);
     for (const PlacedPiece& p : plan.pieces) q->add_name(p.name);
   }

@@ -46,6 +46,7 @@ void ExpectSamePieces(const BatchPlan& a, const BatchPlan& b) {
     EXPECT_EQ(a.pieces[i].sample_begin, b.pieces[i].sample_begin) << i;
     EXPECT_EQ(a.pieces[i].frame, b.pieces[i].frame) << i;
     EXPECT_EQ(a.pieces[i].longest, b.pieces[i].longest) << i;
+    EXPECT_EQ(a.pieces[i].name, b.pieces[i].name) << i;
   }
   EXPECT_EQ(a.counts, b.counts);
 }
@@ -70,6 +71,27 @@ TEST(Wire, CompactDescriptorsOfOneSampleRowsListOnlyTheKeys) {
   ASSERT_TRUE(from_compact.ok()) << from_compact.status();
   ExpectSamePieces(*from_full, plan);
   ExpectSamePieces(*from_compact, plan);
+}
+
+// String keys (Kaldi, HTK) travel one a piece, in both forms, whatever the first one is:
+// an empty name first (a piece whose chunk has none) made the sender drop them all.
+TEST(Wire, NamesTravelOneAPieceInBothForms) {
+  BatchPlan plan = FramePlan(4);
+  const std::vector<std::string> names = {"", "utt_1", std::string("m\xfcller"),
+                                          "an_utterance_name_well_past_fifteen_characters"};
+  for (size_t i = 0; i < names.size(); ++i) plan.pieces[i].name = names[i];
+  for (bool compact : {false, true}) {
+    v1::BatchDescriptor d;
+    PlanToDescriptor(plan, &d, compact);
+    ASSERT_EQ(d.pieces().name_size(), 4) << compact;
+    auto back = DescriptorToPlan(d);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ExpectSamePieces(*back, plan);
+  }
+  for (PlacedPiece& p : plan.pieces) p.name.clear();  // integer keys: no list at all
+  v1::BatchDescriptor d;
+  PlanToDescriptor(plan, &d, true);
+  EXPECT_EQ(d.pieces().name_size(), 0);
 }
 
 TEST(Wire, PiecesThatAreNotOneSampleRowsAreDescribedInFull) {
