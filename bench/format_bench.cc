@@ -178,8 +178,11 @@ void BM_CbfIndexCheck(benchmark::State& state, bool (*check)(const char*, uint64
   }
   const uint64_t runs = chunk.size() / stride;
   for (auto _ : state) {
+    benchmark::DoNotOptimize(chunk.data());  // read again each pass, not hoisted out of the loop
+    benchmark::ClobberMemory();
     bool all = true;
     for (uint64_t j = 0; j < runs; ++j) all &= check(chunk.data() + j * stride + 4 * nnz, nnz, 50000);
+    benchmark::DoNotOptimize(all);
     if (!all) {
       state.SkipWithError("an index out of range");
       return;

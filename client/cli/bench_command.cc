@@ -162,7 +162,15 @@ int RunBench(const BenchArgs& args) {
   if (!read.ok()) return Fail(read);
   const auto t_end = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(t_end - t0).count();
-  const uint64_t bytes = ds->file_bytes() * args.stream.epochs;
+  // Input bytes: the files once a sweep. Where the run reads other than whole sweeps (an
+  // epoch size, one rank of several, every k-th batch), the files' share that its samples are.
+  const StreamArgs& sa = args.stream;
+  const bool whole_sweeps = !sa.epoch_size && sa.world.value_or(1) <= 1 && sa.batch_stride <= 1;
+  const uint64_t total = ds->index().total_samples;
+  const uint64_t bytes =
+      whole_sweeps || total == 0
+          ? ds->file_bytes() * sa.epochs
+          : static_cast<uint64_t>(static_cast<double>(ds->file_bytes()) * static_cast<double>(samples) / total + 0.5);
   // The rate once the first batch is out: the input of the batches after it (their share of
   // the samples) over the time after it. Without the start (the index, the first chunks'
   // new memory, which on some virtual machines costs more than the parse: bench/RESULTS.md),
@@ -177,8 +185,12 @@ int RunBench(const BenchArgs& args) {
     std::printf("%s: %llu batches, %llu samples, %.1f MB of input in %.3f s with %d parser thread(s)\n",
                 stream->name.c_str(), static_cast<unsigned long long>(batches),
                 static_cast<unsigned long long>(samples), bytes / 1e6, secs, stream->request.threads);
-    std::printf("  %.1f MB/s input, %.0f samples/s, %.1f MB/s of assembled batches; first batch after %.1f ms\n",
-                mbs, samples / std::max(secs, 1e-9), batch_bytes / 1e6 / std::max(secs, 1e-9), first_batch * 1e3);
+    if (first_batch >= 0) {
+      std::printf("  %.1f MB/s input, %.0f samples/s, %.1f MB/s of assembled batches; first batch after %.1f ms\n",
+                  mbs, samples / std::max(secs, 1e-9), batch_bytes / 1e6 / std::max(secs, 1e-9), first_batch * 1e3);
+    } else {
+      std::printf("  no batch: nothing to read\n");
+    }
     if (steady_mbs > 0) std::printf("  after the first batch: %.1f MB/s input\n", steady_mbs);
     auto reference = [&](const char* what, double seconds) {
       const double ref_mbs = ds->file_bytes() / 1e6 / std::max(seconds, 1e-9);

@@ -177,6 +177,20 @@ TEST(Cli, BenchJsonEndsWithTheSummaryLine) {
   EXPECT_GT(std::stod(last.substr(steady + 14)), 0.0) << last;
 }
 
+// The input counted is the files' share the samples read are: 2 epochs of 1000 samples of
+// this 2000-sample file are one file's bytes (784980 / 3 above), not two; rank 0 of 2 reads
+// half of 3 sweeps.
+TEST(Cli, BenchCountsTheInputItsSamplesAre) {
+  CliRun r = Conveyor("bench " + kExamples + " --dataset sparse --epoch-size 1000 --epochs 2 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("{\"bytes\": 261660, \"seconds\": "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"samples\": 2000, "), std::string::npos) << r.out;
+  r = Conveyor("bench " + kExamples + " --dataset sparse --epochs 3 --rank 0 --world 2 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("{\"bytes\": 392490, \"seconds\": "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"samples\": 3000, "), std::string::npos) << r.out;
+}
+
 TEST(Cli, IndexWritesAndReusesTheCache) {
   TempDir dir;
   std::string data;

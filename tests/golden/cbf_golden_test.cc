@@ -627,6 +627,17 @@ TEST(Cbf, IndicesBelowRefusesNegativeIndicesWhateverTheDim) {
   }
 #endif
   for (const auto& [name, check] : variants) {
+    // No index at all passes; so do indices at any alignment (a sequence's lie after its values).
+    EXPECT_TRUE(check(nullptr, 0, 1)) << name;
+    {
+      std::vector<char> bytes(4 * 20 + 3, 0);
+      for (size_t shift = 0; shift < 4; ++shift) {
+        EXPECT_TRUE(check(bytes.data() + shift, 20, 1)) << name << ", offset " << shift;
+        bytes[shift + 4 * 19 + 3] = '\x80';  // the last index negative
+        EXPECT_FALSE(check(bytes.data() + shift, 20, 1)) << name << ", offset " << shift;
+        bytes[shift + 4 * 19 + 3] = 0;
+      }
+    }
     for (uint32_t dim : {1u, 7u, 0x7fffffffu, 0x80000000u, 0x80000001u, 4227858532u, 0xffffffffu}) {
       for (uint64_t count : {1u, 3u, 4u, 5u, 7u, 8u, 9u, 15u, 16u, 17u, 33u}) {
         for (uint64_t bad = 0; bad < count; ++bad) {

@@ -83,6 +83,7 @@ TEST(Wire, NamesTravelOneAPieceInBothForms) {
   for (bool compact : {false, true}) {
     v1::BatchDescriptor d;
     PlanToDescriptor(plan, &d, compact);
+    EXPECT_EQ(d.pieces().single_sample_rows(), compact);  // both forms, indeed
     ASSERT_EQ(d.pieces().name_size(), 4) << compact;
     auto back = DescriptorToPlan(d);
     ASSERT_TRUE(back.ok()) << back.status();

@@ -98,7 +98,7 @@ inline bool IndicesBelowSse2(const char* p, uint64_t count, uint32_t dim) {
 }
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
 #define CONVEYOR_CBF_AVX2 1
 // 8 at a time, the last 8 overlapping; unsigned v > dim - 1 exactly when max(v, dim - 1) is
 // not dim - 1. Only called where __builtin_cpu_supports("avx2").
