@@ -8,7 +8,9 @@ context window, Kaldi FM, CM, CM2 and CM3 archives (tests/data/kaldi concatenate
 `conveyor bench CONFIG --dataset D --threads T --minibatch-size 4096 --json` for every dataset
 and thread count, REPS times in turn (a warm-up run each first: index built, pages cached),
 and prints MB/s of input (median, min-max), the CPU it used over wall time (children's
-rusage), and the ratio of each thread count's median to --threads 1.
+rusage), and the ratio of each thread count's median to --threads 1; then the same for the
+rates after each run's first batch (bench's steady_mbs), which leave out the start (index,
+first chunks, memory mapped new) that short runs on a virtual machine are dominated by.
 
 Usage: bench/scaling.py --conveyor build/client/conveyor --gen-ctf build/bench/gen_ctf \
            --work /tmp/scaling [--threads 1,2,4,8] [--reps 3] [--scale 1.0]
@@ -117,7 +119,8 @@ def bench(conveyor, cfg, dataset, threads, epochs):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     summary = json.loads(out.strip().splitlines()[-1])
-    return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall
+    # steady_mbs: the rate after the first batch (without the start: index, first chunks, new memory)
+    return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall, summary.get("steady_mbs", 0.0)
 
 
 def main():
@@ -181,6 +184,17 @@ def main():
             med[t] = statistics.median(mbs)
             row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f}) cpu {cpu:4.1f}"
         row += "".join(f"{med[t] / med[threads[0]]:>9.2f}" for t in threads[1:])
+        print(row, flush=True)
+    print("\nthe same runs after their first batch (bench's steady_mbs: the start left out), median (min-max)")
+    print("dataset     " + "".join(f"{'--threads ' + str(t):>20}" for t in threads)
+          + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
+    for d in datasets:
+        row, med = f"{d:<12}", {}
+        for t in threads:
+            mbs = [r[2] for r in rates[(d, t)]]
+            med[t] = statistics.median(mbs)
+            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f})"
+        row += "".join(f"{med[t] / med[threads[0]] if med[threads[0]] > 0 else 0:>9.2f}" for t in threads[1:])
         print(row, flush=True)
 
 
