@@ -8,7 +8,8 @@ context window, Kaldi FM, CM, CM2 and CM3 archives (tests/data/kaldi concatenate
 `conveyor bench CONFIG --dataset D --threads T --minibatch-size 4096 --json` for every dataset
 and thread count, REPS times in turn (a warm-up run each first: index built, pages cached),
 and prints MB/s of input (median, min-max), the CPU it used over wall time (children's
-rusage), and the ratio of each thread count's median to --threads 1; then the same for the
+rusage), how busy the loader's thread was (its CPU over the run: near 1, it is what binds),
+and the ratio of each thread count's median to --threads 1; then the same for the
 rates after each run's first batch (bench's steady_mbs), which leave out the start (index,
 first chunks, memory mapped new) that short runs on a virtual machine are dominated by.
 
@@ -120,7 +121,9 @@ def bench(conveyor, cfg, dataset, threads, epochs):
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     summary = json.loads(out.strip().splitlines()[-1])
     # steady_mbs: the rate after the first batch (without the start: index, first chunks, new memory)
-    return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall, summary.get("steady_mbs", 0.0)
+    # loader_cpu_seconds over seconds: how busy the loader's thread was (near 1: it binds)
+    busy = summary.get("loader_cpu_seconds", 0.0) / max(summary["seconds"], 1e-9)
+    return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall, summary.get("steady_mbs", 0.0), busy
 
 
 def main():
@@ -173,16 +176,17 @@ def main():
             for t in threads:
                 rates.setdefault((d, t), []).append(bench(conveyor, cfg, d, t, EPOCHS[d] * args.epoch_factor))
     print(f"\n`conveyor bench --minibatch-size 4096`, epochs x{args.epoch_factor}, MB/s of input, median (min-max) "
-          f"of {args.reps}; cpu = CPU time over wall time")
-    print("dataset     " + "".join(f"{'--threads ' + str(t):>26}" for t in threads)
+          f"of {args.reps}; cpu = CPU time over wall time; ld = the loader's thread's CPU over the run (near 1: it binds)")
+    print("dataset     " + "".join(f"{'--threads ' + str(t):>34}" for t in threads)
           + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
     for d in datasets:
         row, med = f"{d:<12}", {}
         for t in threads:
             mbs = [r[0] for r in rates[(d, t)]]
             cpu = statistics.median(r[1] for r in rates[(d, t)])
+            busy = statistics.median(r[3] for r in rates[(d, t)])
             med[t] = statistics.median(mbs)
-            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f}) cpu {cpu:4.1f}"
+            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f}) cpu {cpu:4.1f} ld {busy:4.2f}"
         row += "".join(f"{med[t] / med[threads[0]]:>9.2f}" for t in threads[1:])
         print(row, flush=True)
     print("\nthe same runs after their first batch (bench's steady_mbs: the start left out), median (min-max)")

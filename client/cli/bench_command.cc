@@ -1,4 +1,6 @@
 // conveyor bench: epochs through parsing and CPU assembly, nothing printed but rates.
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -129,6 +131,14 @@ int RunBenchRemote(const BenchArgs& args) {
 }
 #endif
 
+// CPU seconds of `clock` (CLOCK_THREAD_CPUTIME_ID: the calling thread; CLOCK_PROCESS_CPUTIME_ID:
+// every thread of the process).
+double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  if (clock_gettime(clock, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 int RunBench(const BenchArgs& args) {
 #ifdef CONVEYOR_HAVE_SERVICE
   struct stat st;
@@ -145,6 +155,9 @@ int RunBench(const BenchArgs& args) {
   uint64_t samples = 0, batches = 0, batch_bytes = 0, first_samples = 0;
   double first_batch = -1;
   const auto t0 = std::chrono::steady_clock::now();
+  // The loader runs on this thread (planning, and assembly where no helper takes it): when its
+  // CPU is about the run's wall time, it is what binds, not the parser threads.
+  const double thread_cpu0 = CpuSeconds(CLOCK_THREAD_CPUTIME_ID), process_cpu0 = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
   auto t_first = t0;
   // Two batches in flight when parser threads help assemble: batch k+1 is planned while
   // they assemble batch k.
@@ -161,6 +174,8 @@ int RunBench(const BenchArgs& args) {
   });
   if (!read.ok()) return Fail(read);
   const auto t_end = std::chrono::steady_clock::now();
+  const double loader_cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - thread_cpu0;
+  const double process_cpu = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - process_cpu0;
   const double secs = std::chrono::duration<double>(t_end - t0).count();
   // Input bytes: the files once a sweep. Where the run reads other than whole sweeps (an
   // epoch size, one rank of several, every k-th batch), the files' share that its samples are.
@@ -192,6 +207,8 @@ int RunBench(const BenchArgs& args) {
       std::printf("  no batch: nothing to read\n");
     }
     if (steady_mbs > 0) std::printf("  after the first batch: %.1f MB/s input\n", steady_mbs);
+    std::printf("  CPU: %.3f s in all (%.2f cores), %.3f s of it the loader's thread (busy %.0f%% of the run)\n",
+                process_cpu, process_cpu / std::max(secs, 1e-9), loader_cpu, 100 * loader_cpu / std::max(secs, 1e-9));
     auto reference = [&](const char* what, double seconds) {
       const double ref_mbs = ds->file_bytes() / 1e6 / std::max(seconds, 1e-9);
       if (steady_mbs > 0) {
@@ -218,11 +235,12 @@ int RunBench(const BenchArgs& args) {
                 blocks.mapped / 1e6);
   }
   std::printf("{\"bytes\": %llu, \"seconds\": %.6f, \"samples\": %llu, \"batches\": %llu, \"blocks_mapped_new\": %llu, "
-              "\"blocks_reused\": %llu, \"blocks_mb\": %.1f, \"first_batch_ms\": %.1f, \"steady_mbs\": %.1f}\n",
+              "\"blocks_reused\": %llu, \"blocks_mb\": %.1f, \"first_batch_ms\": %.1f, \"steady_mbs\": %.1f, "
+              "\"cpu_seconds\": %.6f, \"loader_cpu_seconds\": %.6f}\n",
               static_cast<unsigned long long>(bytes), secs, static_cast<unsigned long long>(samples),
               static_cast<unsigned long long>(batches), static_cast<unsigned long long>(blocks.maps),
               static_cast<unsigned long long>(blocks.reuses), blocks.mapped / 1e6, std::max(first_batch, 0.0) * 1e3,
-              steady_mbs);
+              steady_mbs, process_cpu, loader_cpu);
   return 0;
 }
 
@@ -239,7 +257,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "{\"bytes\": B, \"seconds\": S, \"samples\": N, \"batches\": M, ...} is printed (locally also "
       "blocks_mapped_new, blocks_reused and blocks_mb: the parsed chunks' memory, new and reused; "
       "first_batch_ms: from opening the dataset to the first batch; steady_mbs: MB/s of input after "
-      "the first batch, what a long run streams at (0 with one batch); "
+      "the first batch, what a long run streams at (0 with one batch); cpu_seconds: the process's CPU "
+      "time over the run; loader_cpu_seconds: the loader's thread's (planning and assembly; near "
+      "seconds when it binds); "
       "from a daemon, inline_parts and inline_parts_in_pieces).");
   cmd->add_option("config", args->config,
                   "Configuration file (YAML, JSON or a CNTK reader block), or a daemon address "

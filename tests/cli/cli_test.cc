@@ -175,6 +175,13 @@ TEST(Cli, BenchJsonEndsWithTheSummaryLine) {
   ASSERT_NE(steady, std::string::npos) << last;
   EXPECT_GT(std::stod(last.substr(first + 18)), 0.0) << last;
   EXPECT_GT(std::stod(last.substr(steady + 14)), 0.0) << last;
+  // CPU: the process's, and the loader's thread's share of it (this thread planned every batch).
+  const size_t cpu = last.find("\"cpu_seconds\": "), loader = last.find("\"loader_cpu_seconds\": ");
+  ASSERT_NE(cpu, std::string::npos) << last;
+  ASSERT_NE(loader, std::string::npos) << last;
+  const double process_cpu = std::stod(last.substr(cpu + 15)), loader_cpu = std::stod(last.substr(loader + 22));
+  EXPECT_GT(loader_cpu, 0.0) << last;
+  EXPECT_LE(loader_cpu, process_cpu + 2e-6) << last;  // (each printed to the microsecond)
 }
 
 // The input counted is the files' share the samples read are: 2 epochs of 1000 samples of
