@@ -175,32 +175,28 @@ def main():
         for _ in range(args.reps):
             for t in threads:
                 rates.setdefault((d, t), []).append(bench(conveyor, cfg, d, t, EPOCHS[d] * args.epoch_factor))
-    print(f"\n`conveyor bench --minibatch-size 4096`, epochs x{args.epoch_factor}, MB/s of input, median (min-max) "
-          f"of {args.reps}; cpu = CPU time over wall time; ld = the loader's thread's CPU over the run (near 1: it binds)")
-    print("dataset     " + "".join(f"{'--threads ' + str(t):>34}" for t in threads)
-          + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
-    for d in datasets:
-        row, med = f"{d:<12}", {}
-        for t in threads:
-            mbs = [r[0] for r in rates[(d, t)]]
-            cpu = statistics.median(r[1] for r in rates[(d, t)])
-            busy = statistics.median(r[3] for r in rates[(d, t)])
-            med[t] = statistics.median(mbs)
-            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f}) cpu {cpu:4.1f} ld {busy:4.2f}"
-        row += "".join(f"{med[t] / med[threads[0]]:>9.2f}" for t in threads[1:])
-        print(row, flush=True)
-    print("\nthe same runs after their first batch (bench's steady_mbs: the start left out), median (min-max)")
-    print("dataset     " + "".join(f"{'--threads ' + str(t):>20}" for t in threads)
-          + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
-    for d in datasets:
-        row, med = f"{d:<12}", {}
-        for t in threads:
-            mbs = [r[2] for r in rates[(d, t)]]
-            med[t] = statistics.median(mbs)
-            row += f"{med[t]:>8.0f} ({min(mbs):.0f}-{max(mbs):.0f})"
-        row += "".join(f"{med[t] / med[threads[0]] if med[threads[0]] > 0 else 0:>9.2f}" for t in threads[1:])
-        print(row, flush=True)
+    def table(title, width, value, extra=lambda runs: ""):
+        """One row a dataset: each thread count's median (min-max) of value(run), extra(runs)
+        after it, then each count's median over the first one's."""
+        print(title)
+        print("dataset     " + "".join(f"{'--threads ' + str(t):>{width}}" for t in threads)
+              + "".join(f"{f'{t} vs {threads[0]}':>9}" for t in threads[1:]))
+        for d in datasets:
+            row, med = f"{d:<12}", {}
+            for t in threads:
+                vals = [value(r) for r in rates[(d, t)]]
+                med[t] = statistics.median(vals)
+                row += f"{med[t]:>8.0f} ({min(vals):.0f}-{max(vals):.0f}){extra(rates[(d, t)])}"
+            base = med[threads[0]]
+            row += "".join(f"{med[t] / base if base > 0 else 0:>9.2f}" for t in threads[1:])
+            print(row, flush=True)
 
+    table(f"\n`conveyor bench --minibatch-size 4096`, epochs x{args.epoch_factor}, MB/s of input, median (min-max) "
+          f"of {args.reps}; cpu = CPU time over wall time; ld = the loader's thread's CPU over the run (near 1: it binds)",
+          34, lambda r: r[0],
+          lambda runs: f" cpu {statistics.median(r[1] for r in runs):4.1f} ld {statistics.median(r[3] for r in runs):4.2f}")
+    table("\nthe same runs after their first batch (bench's steady_mbs: the start left out), median (min-max)",
+          20, lambda r: r[2])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -211,12 +211,9 @@ int RunBench(const BenchArgs& args) {
                 process_cpu, process_cpu / std::max(secs, 1e-9), loader_cpu, 100 * loader_cpu / std::max(secs, 1e-9));
     auto reference = [&](const char* what, double seconds) {
       const double ref_mbs = ds->file_bytes() / 1e6 / std::max(seconds, 1e-9);
-      if (steady_mbs > 0) {
-        std::printf("  reference: %s %.0f MB/s; ratio %.3f (%.3f after the first batch)\n", what, ref_mbs,
-                    mbs / ref_mbs, steady_mbs / ref_mbs);
-      } else {
-        std::printf("  reference: %s %.0f MB/s; ratio %.3f\n", what, ref_mbs, mbs / ref_mbs);
-      }
+      char after[64] = "";
+      if (steady_mbs > 0) std::snprintf(after, sizeof(after), " (%.3f after the first batch)", steady_mbs / ref_mbs);
+      std::printf("  reference: %s %.0f MB/s; ratio %.3f%s\n", what, ref_mbs, mbs / ref_mbs, after);
     };
     if (text) {
       reference("memchr newline scan of the same file", MemchrScanSeconds(ds->bytes()));
