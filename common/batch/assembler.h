@@ -24,12 +24,13 @@ class AssemblyHelpers {
   // Threads idle now: the helpers worth asking for work that is joined at once.
   virtual int idle() const = 0;
   // Threads that may take ranges of a batch joined later (Begin(), then Wait()): the idle
-  // ones, or more (parser_pool.h). A helper that is busy takes its ranges when it gets to
-  // them; whoever waits for the batch runs the ranges still untaken, so a busy helper never
-  // delays a batch.
+  // ones, or more (parser_pool.h: those busy only assembling, or all where cores are spare).
+  // A helper that is busy takes its ranges when it gets to them; whoever waits for the batch
+  // runs the ranges still untaken, so a busy helper never delays a batch.
   virtual int available() const { return idle(); }
-  // Runs `job` on one of the threads, after the jobs submitted before it.
-  virtual void Submit(std::function<void()> job) = 0;
+  // Runs `job` (a share of a batch's assembly) on one of the threads, after the jobs
+  // submitted before it.
+  virtual void Help(std::function<void()> job) = 0;
 };
 
 class BatchAssembler {

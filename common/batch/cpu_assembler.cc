@@ -474,7 +474,7 @@ class TaskGroup {
                                           std::function<void(size_t)> task) {
     auto group = std::make_shared<TaskGroup>(n, std::move(task));
     const size_t jobs = std::min<size_t>(n, static_cast<size_t>(std::max(0, workers)));
-    for (size_t j = 0; j < jobs; ++j) helpers->Submit([group] { group->Work(); });
+    for (size_t j = 0; j < jobs; ++j) helpers->Help([group] { group->Work(); });
     return group;
   }
 

@@ -55,10 +55,15 @@ ParserPool::~ParserPool() {
   for (auto& t : threads_) t.join();
 }
 
-void ParserPool::Submit(std::function<void()> job) {
+void ParserPool::Submit(std::function<void()> job) { Add(std::move(job), /*helping=*/false); }
+
+void ParserPool::Help(std::function<void()> job) { Add(std::move(job), /*helping=*/true); }
+
+void ParserPool::Add(std::function<void()> job, bool helping) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
+    jobs_.push_back(Job{std::move(job), helping});
+    if (!helping) ++parse_owed_;
   }
   cv_.notify_one();
 }
@@ -79,18 +84,26 @@ int ParserPool::idle() const {
   return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
 }
 
+int ParserPool::available() const {
+  if (spare_cores_) return threads();
+  std::lock_guard<std::mutex> lock(mu_);
+  return parse_owed_ >= threads_.size() ? 0 : static_cast<int>(threads_.size() - parse_owed_);
+}
+
 void ParserPool::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
     if (jobs_.empty()) return;  // stopping, and nothing left to run
-    std::function<void()> job = std::move(jobs_.front());
+    Job job = std::move(jobs_.front());
     jobs_.pop_front();
     ++busy_;
     lock.unlock();
-    job();
+    job.run();
+    job.run = nullptr;  // (what it holds goes before the count says it is done)
     lock.lock();
     --busy_;
+    if (!job.helping) --parse_owed_;
   }
 }
 

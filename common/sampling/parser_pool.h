@@ -3,14 +3,17 @@
 // trainers subscribe. Jobs run in submission order; a pipeline submits at most its own
 // thread budget of jobs at a time, each job parsing one chunk, so pipelines take turns.
 // Threads with no chunk to parse help assemble batches (AssemblyHelpers): a loader lends its
-// pool to its assembler, which splits a batch over the threads available at the time: the
-// idle ones, or, where the process has a core for every pool thread and two more (the
-// loader's thread and one for the rest), all of them: a thread busy parsing then takes its
-// ranges once its chunk is done, while the loader's thread goes on planning the next batch
-// instead of assembling this one alone. On a 16-core machine that lifted `--threads 2` over
-// `--threads 1` for CBF from 1.07 to 1.43-1.47x and Kaldi CM at 4 threads from 1.17 to 2.40x
-// (bench/RESULTS.md); where cores are short (2 cores, 2 threads) it cost 20-30%, hence idle
-// threads only there.
+// pool to its assembler, which splits a batch over the threads available at the time: those
+// owed no chunk to parse (idle, or busy assembling an earlier batch: jobs run in order, so
+// such a thread takes this batch's ranges next), or, where the process has a core for every
+// pool thread and two more (the loader's thread and one for the rest), all of them: a thread
+// busy parsing then takes its ranges once its chunk is done, while the loader's thread goes
+// on planning the next batch instead of assembling this one alone. On a 16-core machine that
+// lifted `--threads 2` over `--threads 1` for CBF from 1.07 to 1.43-1.47x and Kaldi CM at 4
+// threads from 1.17 to 2.40x (bench/RESULTS.md); where cores are short (2 cores, 2 threads)
+// offering threads busy parsing cost 20-30%, hence not there. Counting a thread that is
+// assembling the batch before as free (it was not, before 2026-11-29) gives it every batch
+// instead of every other one when the loader plans two ahead.
 #pragma once
 
 #include <condition_variable>
@@ -37,7 +40,10 @@ class ParserPool final : public AssemblyHelpers {
   ParserPool(const ParserPool&) = delete;
   ParserPool& operator=(const ParserPool&) = delete;
 
-  void Submit(std::function<void()> job) override;
+  // A parse job (or any work that is not a batch's assembly).
+  void Submit(std::function<void()> job);
+  // AssemblyHelpers: a share of a batch's assembly.
+  void Help(std::function<void()> job) override;
   int threads() const { return static_cast<int>(threads_.size()); }
   // Jobs waiting for a thread, and threads busy (for metrics).
   size_t queued() const;
@@ -46,15 +52,22 @@ class ParserPool final : public AssemblyHelpers {
   // AssemblyHelpers: threads neither running a job nor owed one.
   int idle() const override;
   // AssemblyHelpers: every thread when the process has cores to spare for all of them (at
-  // least threads() + 2, and the pool not shared), else the idle ones.
-  int available() const override { return spare_cores_ ? threads() : idle(); }
+  // least threads() + 2, and the pool not shared), else those owed no parse job (running or
+  // queued): idle, or assembling.
+  int available() const override;
 
  private:
+  struct Job {
+    std::function<void()> run;
+    bool helping = false;  // submitted through Help()
+  };
+  void Add(std::function<void()> job, bool helping);
   void Run();
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
+  std::deque<Job> jobs_;
   size_t busy_ = 0;
+  size_t parse_owed_ = 0;  // parse jobs queued or running
   bool stop_ = false;
   bool spare_cores_ = false;
   std::vector<std::thread> threads_;

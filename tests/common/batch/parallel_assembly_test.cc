@@ -40,7 +40,7 @@ class TestHelpers final : public AssemblyHelpers {
     for (auto& t : threads_) t.join();
   }
   int idle() const override { return static_cast<int>(threads_.size()); }
-  void Submit(std::function<void()> job) override {
+  void Help(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(std::move(job));
@@ -239,7 +239,7 @@ class BusyHelpers final : public AssemblyHelpers {
  public:
   int idle() const override { return 0; }
   int available() const override { return 4; }
-  void Submit(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
+  void Help(std::function<void()> job) override { jobs_.push_back(std::move(job)); }
   size_t RunLate() {
     const size_t n = jobs_.size();
     for (auto& job : jobs_) job();

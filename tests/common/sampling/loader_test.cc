@@ -700,6 +700,48 @@ TEST(ParserPool, OffersBusyThreadsToAssembleOnlyWithCoresToSpare) {
   release = true;
 }
 
+// A thread busy assembling (a Help() job) is offered for the next batch even where cores are
+// short: it takes that batch's ranges next, the jobs running in order. A queued parse job is
+// owed a thread; a queued assembly job is not.
+TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
+  std::atomic<bool> release{false};
+  std::atomic<int> started{0};
+  auto block = [&] {
+    ++started;
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  auto wait_started = [&](int n) {
+    while (started.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  {
+    ParserPool tight(2, /*cores=*/2);
+    tight.Help(block);
+    wait_started(1);
+    EXPECT_EQ(tight.idle(), 1);
+    EXPECT_EQ(tight.available(), 2);  // the busy one assembles: it is the next batch's too
+    tight.Help(block);
+    wait_started(2);
+    EXPECT_EQ(tight.idle(), 0);
+    EXPECT_EQ(tight.available(), 2);
+    tight.Submit([] {});  // a parse job queued behind them: one thread is owed to it
+    EXPECT_EQ(tight.available(), 1);
+    tight.Submit([] {});
+    EXPECT_EQ(tight.available(), 0);
+    tight.Submit([] {});
+    EXPECT_EQ(tight.available(), 0);  // (never below none)
+    release = true;
+  }  // the destructor runs the parse jobs; the next pool starts afresh
+  release = false;
+  started = 0;
+  ParserPool one(1, /*cores=*/2);
+  one.Submit(block);
+  wait_started(1);
+  EXPECT_EQ(one.available(), 0);  // parsing
+  release = true;
+  while (one.busy() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(one.available(), 1);  // done: the parse job no longer counts
+}
+
 // Several loaders (different seeds) share a one-thread pool: each still delivers exactly
 // what it delivers alone, and a loader destroyed mid-epoch leaves the others running.
 TEST(ParserPool, LoadersSharingOneThreadDeliverWhatTheyDeliverAlone) {
