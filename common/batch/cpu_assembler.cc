@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -461,24 +462,32 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
 }
 
 // Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
-// runs once. A job that starts after the last task was taken returns at once, so Join()
-// never waits for a helper busy with other work, only for tasks already running. Such a late
-// job may run after Join() returned and the task's state (a BatchWork, or the caller's
-// frame) is gone: it holds the group (shared_ptr), finds next_ == n_ under the lock and never
-// calls task_, so nothing the task refers to may be touched outside task_.
+// runs once. A group may have a setup, run once by the first thread to come (a helper, or
+// the joiner) before any task, which returns n; threads coming meanwhile wait for it. A job
+// that starts after the last task was taken returns at once, so Join() never waits for a
+// helper busy with other work, only for the setup or tasks already running. Such a late job
+// may run after Join() returned and the task's state (a BatchWork, or the caller's frame) is
+// gone: it holds the group (shared_ptr), finds the setup done and next_ == n_ under the lock
+// and never calls setup_ or task_, so nothing they refer to may be touched outside them.
 class TaskGroup {
  public:
-  TaskGroup(size_t n, std::function<void(size_t)> task) : n_(n), task_(std::move(task)) {}
+  TaskGroup(size_t n, std::function<void(size_t)> task) : n_(n), set_up_(true), task_(std::move(task)) {}
+  TaskGroup(std::function<size_t()> setup, std::function<void(size_t)> task)
+      : setup_(std::move(setup)), task_(std::move(task)) {}
 
   static std::shared_ptr<TaskGroup> Start(AssemblyHelpers* helpers, int workers, size_t n,
                                           std::function<void(size_t)> task) {
-    auto group = std::make_shared<TaskGroup>(n, std::move(task));
-    const size_t jobs = std::min<size_t>(n, static_cast<size_t>(std::max(0, workers)));
-    for (size_t j = 0; j < jobs; ++j) helpers->Help([group] { group->Work(); });
-    return group;
+    return Submit(helpers, workers, n, std::make_shared<TaskGroup>(n, std::move(task)));
+  }
+  // The same, the tasks' number and state made by `setup` on the first thread to come;
+  // `workers` jobs are submitted (at most `most_tasks`: no more than there can be tasks).
+  static std::shared_ptr<TaskGroup> StartAfter(AssemblyHelpers* helpers, int workers, size_t most_tasks,
+                                               std::function<size_t()> setup, std::function<void(size_t)> task) {
+    return Submit(helpers, workers, most_tasks, std::make_shared<TaskGroup>(std::move(setup), std::move(task)));
   }
 
-  // Runs the tasks left on this thread; returns when every task has returned.
+  // Runs the setup if no thread has, and the tasks left, on this thread; returns when every
+  // task has returned.
   void Join() {
     Work();
     std::unique_lock<std::mutex> lock(mu_);
@@ -486,8 +495,30 @@ class TaskGroup {
   }
 
  private:
+  static std::shared_ptr<TaskGroup> Submit(AssemblyHelpers* helpers, int workers, size_t n,
+                                           std::shared_ptr<TaskGroup> group) {
+    const size_t jobs = std::min<size_t>(n, static_cast<size_t>(std::max(0, workers)));
+    for (size_t j = 0; j < jobs; ++j) helpers->Help([group] { group->Work(); });
+    return group;
+  }
+
   void Work() {
     std::unique_lock<std::mutex> lock(mu_);
+    if (!set_up_) {
+      if (setting_up_) {
+        done_.wait(lock, [&] { return set_up_; });
+      } else {
+        setting_up_ = true;
+        ++running_;
+        lock.unlock();
+        const size_t n = setup_();
+        lock.lock();
+        n_ = n;
+        set_up_ = true;
+        --running_;
+        done_.notify_all();  // the threads waiting for the setup (and a joiner, when n is 0)
+      }
+    }
     while (next_ < n_) {
       const size_t i = next_++;
       ++running_;
@@ -500,8 +531,9 @@ class TaskGroup {
 
   std::mutex mu_;
   std::condition_variable done_;
-  const size_t n_;
-  size_t next_ = 0, running_ = 0;
+  const std::function<size_t()> setup_;
+  size_t n_ = 0, next_ = 0, running_ = 0;
+  bool set_up_ = false, setting_up_ = false;
   const std::function<void(size_t)> task_;
 };
 
@@ -600,9 +632,9 @@ class CpuAssembler final : public BatchAssembler {
     return absl::OkStatus();
   }
 
-  // With helpers available (idle ones, or busy ones where cores are spare: parser_pool.h),
-  // the batch's ranges are handed to them and Begin() returns; otherwise (or for narrowed
-  // values) the batch is assembled at once.
+  // With helpers available (idle ones, or busy ones: parser_pool.h), the batch's ranges are
+  // handed to them and Begin() returns; otherwise (or for narrowed values) the batch is
+  // assembled at once.
   absl::StatusOr<uint64_t> Begin(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                                  absl::Span<std::byte> dst) override {
     RETURN_IF_ERROR(CheckSlotSize(plan, dst.size()));
@@ -611,29 +643,10 @@ class CpuAssembler final : public BatchAssembler {
     const int workers = Workers(plan);
     if (workers == 1 || NarrowsValues(plan) || plan.total_bytes == 0) {
       b.status = Assemble(plan, pieces, dst);
+    } else if (plan.precision == Precision::kFloat) {
+      BeginRanges<float>(plan, pieces, dst, workers, &b);
     } else {
-      // The batch's own setup (gaps, lengths, zeroing) is joined at once: idle helpers only;
-      // its ranges are cut for `workers` and joined at Wait().
-      const int now = Workers(plan, /*now=*/true);
-      auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(now, n, task); };
-      std::shared_ptr<void> work;
-      std::function<void(size_t)> task;
-      size_t n = 0;
-      if (plan.precision == Precision::kFloat) {
-        auto w = std::make_shared<BatchWork<float>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
-        n = w->tasks();
-        task = [w = w.get()](size_t i) { w->Task(i); };
-        work = std::move(w);
-      } else {
-        auto w = std::make_shared<BatchWork<double>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
-        n = w->tasks();
-        task = [w = w.get()](size_t i) { w->Task(i); };
-        work = std::move(w);
-      }
-      b.work = std::move(work);
-      // The helpers start the ranges; the caller joins at Wait() (its thread plans the next
-      // batch meanwhile).
-      b.group = TaskGroup::Start(helpers_, workers - 1, n, std::move(task));
+      BeginRanges<double>(plan, pieces, dst, workers, &b);
     }
     begun_.push_back(std::move(b));
     return begun_.back().fence;
@@ -658,6 +671,36 @@ class CpuAssembler final : public BatchAssembler {
     std::shared_ptr<void> work;        // the batch's ranges (BatchWork<T>)
     std::shared_ptr<TaskGroup> group;  // running them; null: assembled at Begin()
   };
+
+  // Hands a batch's ranges (cut for `workers`) to the helpers; the caller joins at Wait(), its
+  // thread planning the next batch meanwhile. The batch's own setup (gaps, lengths, zeroing,
+  // where the ranges start) is split over the helpers idle now and joined at once; with none
+  // idle, it is the first of the batch's work for whichever thread comes first (the helper
+  // once done with the batch before, or the caller at Wait()), not the caller's to do now.
+  template <typename T>
+  void BeginRanges(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst,
+                   int workers, Begun* b) {
+    const int now = Workers(plan, /*now=*/true);
+    if (now > 1) {
+      auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(now, n, task); };
+      auto w = std::make_shared<BatchWork<T>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
+      const size_t n = w->tasks();
+      b->group = TaskGroup::Start(helpers_, workers - 1, n, [w = w.get()](size_t i) { w->Task(i); });
+      b->work = std::move(w);
+      return;
+    }
+    auto w = std::make_shared<std::optional<BatchWork<T>>>();
+    auto setup = [w = w.get(), &plan, pieces, out = dst.data(), workers, range_bytes = options_.range_bytes] {
+      const RunFn here = [](size_t n, const std::function<void(size_t)>& task) {
+        for (size_t i = 0; i < n; ++i) task(i);
+      };
+      w->emplace(plan, pieces, out, workers, range_bytes, here);
+      return (*w)->tasks();
+    };
+    b->group = TaskGroup::StartAfter(helpers_, workers - 1, SIZE_MAX, std::move(setup),
+                                     [w = w.get()](size_t i) { (*w)->Task(i); });
+    b->work = std::move(w);
+  }
 
   static absl::Status Finish(Begun* b) {
     if (b->group != nullptr) b->group->Join();

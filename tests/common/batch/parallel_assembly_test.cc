@@ -25,10 +25,12 @@ using conveyor::testing::CaseSpec;
 using conveyor::testing::MakeBatchCase;
 using conveyor::testing::StandardCases;
 
-// Helpers that are always idle: `threads` threads taking jobs in order.
+// `threads` threads taking jobs in order. They say they are all idle, or (`seem_busy`) that
+// none is idle now but all take work joined later, as a pool's threads busy assembling the
+// batch before do: the assembler then leaves a batch's setup to the first thread to come.
 class TestHelpers final : public AssemblyHelpers {
  public:
-  explicit TestHelpers(int threads) {
+  explicit TestHelpers(int threads, bool seem_busy = false) : seem_busy_(seem_busy) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
   }
   ~TestHelpers() override {
@@ -39,7 +41,8 @@ class TestHelpers final : public AssemblyHelpers {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  int idle() const override { return static_cast<int>(threads_.size()); }
+  int idle() const override { return seem_busy_ ? 0 : static_cast<int>(threads_.size()); }
+  int available() const override { return static_cast<int>(threads_.size()); }
   void Help(std::function<void()> job) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -71,6 +74,7 @@ class TestHelpers final : public AssemblyHelpers {
   std::deque<std::function<void()>> jobs_;
   uint64_t submitted_ = 0;
   bool stop_ = false;
+  const bool seem_busy_;
   std::vector<std::thread> threads_;
 };
 
@@ -87,30 +91,35 @@ void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pie
   std::vector<std::byte> want(plan.total_bytes, std::byte{0xAB});
   ASSERT_TRUE(MakeCpuAssembler()->Assemble(plan, pieces, absl::MakeSpan(want)).ok());
   for (const Split& split : kSplits) {
-    SCOPED_TRACE(::testing::Message() << split.threads << " threads, ranges of " << split.range_bytes << " bytes");
-    TestHelpers helpers(split.threads);
-    CpuAssemblerOptions o;
-    o.min_parallel_bytes = 0;
-    o.range_bytes = split.range_bytes;
-    auto cpu = MakeCpuAssembler(o);
-    cpu->set_helpers(&helpers);
-    EXPECT_TRUE(cpu->pipelined());
-    std::vector<std::byte> got(plan.total_bytes, std::byte{0xCD});
-    ASSERT_TRUE(cpu->Assemble(plan, pieces, absl::MakeSpan(got)).ok());
-    ASSERT_EQ(got, want);
-    std::vector<std::vector<std::byte>> outs(3, std::vector<std::byte>(plan.total_bytes, std::byte{0xCD}));
-    std::vector<uint64_t> fences;
-    for (auto& out : outs) {
-      auto f = cpu->Begin(plan, pieces, absl::MakeSpan(out));
-      ASSERT_TRUE(f.ok()) << f.status();
-      fences.push_back(*f);
+    for (bool seem_busy : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << split.threads << " threads, ranges of " << split.range_bytes << " bytes"
+                   << (seem_busy ? ", none idle" : ""));
+      TestHelpers helpers(split.threads, seem_busy);
+      CpuAssemblerOptions o;
+      o.min_parallel_bytes = 0;
+      o.range_bytes = split.range_bytes;
+      auto cpu = MakeCpuAssembler(o);
+      cpu->set_helpers(&helpers);
+      EXPECT_TRUE(cpu->pipelined());
+      std::vector<std::byte> got(plan.total_bytes, std::byte{0xCD});
+      ASSERT_TRUE(cpu->Assemble(plan, pieces, absl::MakeSpan(got)).ok());
+      ASSERT_EQ(got, want);
+      std::vector<std::vector<std::byte>> outs(
+          3, std::vector<std::byte>(plan.total_bytes, std::byte{0xCD}));
+      std::vector<uint64_t> fences;
+      for (auto& out : outs) {
+        auto f = cpu->Begin(plan, pieces, absl::MakeSpan(out));
+        ASSERT_TRUE(f.ok()) << f.status();
+        fences.push_back(*f);
+      }
+      for (size_t i = 0; i < outs.size(); ++i) {
+        ASSERT_TRUE(cpu->Wait(fences[i]).ok());
+        ASSERT_EQ(outs[i], want) << "batch " << i;
+      }
+      cpu->set_helpers(nullptr);
+      EXPECT_FALSE(cpu->pipelined());
     }
-    for (size_t i = 0; i < outs.size(); ++i) {
-      ASSERT_TRUE(cpu->Wait(fences[i]).ok());
-      ASSERT_EQ(outs[i], want) << "batch " << i;
-    }
-    cpu->set_helpers(nullptr);
-    EXPECT_FALSE(cpu->pipelined());
   }
 }
 
