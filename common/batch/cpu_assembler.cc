@@ -462,61 +462,83 @@ void ZeroGaps(const BatchPlan& plan, std::byte* dst) {
 }
 
 // Tasks [0, n) taken from one counter by the helpers' jobs and by whoever joins: each task
-// runs once. A group may have a setup, run once by the first thread to come (a helper, or
-// the joiner) before any task, which returns n; threads coming meanwhile wait for it. A job
-// that starts after the last task was taken returns at once, so Join() never waits for a
-// helper busy with other work, only for the setup or tasks already running. Such a late job
-// may run after Join() returned and the task's state (a BatchWork, or the caller's frame) is
-// gone: it holds the group (shared_ptr), finds the setup done and next_ == n_ under the lock
-// and never calls setup_ or task_, so nothing they refer to may be touched outside them.
-class TaskGroup {
+// runs once. A group may have a setup that makes the tasks and returns n: one helper job is
+// submitted at first, and whoever runs the setup (that job, or the joiner if it comes first)
+// submits the rest once there are tasks, so that no helper waits for another's setup (a
+// helper that finds the setup running leaves; the joiner waits, as it needs the batch). A
+// job that starts after the last task was taken returns at once, so Join() never waits for
+// a helper busy with other work, only for the setup or tasks already running. Such a late
+// job may run after Join() returned and the task's state (a BatchWork, or the caller's
+// frame) is gone: it holds the group (shared_ptr), finds the setup done and next_ == n_
+// under the lock and never calls setup_ or task_, so nothing they refer to may be touched
+// outside them.
+class TaskGroup : public std::enable_shared_from_this<TaskGroup> {
  public:
-  TaskGroup(size_t n, std::function<void(size_t)> task) : n_(n), set_up_(true), task_(std::move(task)) {}
-  TaskGroup(std::function<size_t()> setup, std::function<void(size_t)> task)
-      : setup_(std::move(setup)), task_(std::move(task)) {}
+  TaskGroup(size_t n, std::function<void(size_t)> task)
+      : n_(n), set_up_(true), task_(std::move(task)) {}
+  TaskGroup(AssemblyHelpers* helpers, size_t jobs, std::function<size_t()> setup,
+            std::function<void(size_t)> task)
+      : helpers_(helpers), jobs_(jobs), setup_(std::move(setup)), task_(std::move(task)) {}
 
-  static std::shared_ptr<TaskGroup> Start(AssemblyHelpers* helpers, int workers, size_t n,
+  // Tasks [0, n), with up to `jobs` helper jobs (no more than tasks).
+  static std::shared_ptr<TaskGroup> Start(AssemblyHelpers* helpers, int jobs, size_t n,
                                           std::function<void(size_t)> task) {
-    return Submit(helpers, workers, n, std::make_shared<TaskGroup>(n, std::move(task)));
+    auto group = std::make_shared<TaskGroup>(n, std::move(task));
+    group->Enqueue(helpers, std::min<size_t>(n, static_cast<size_t>(std::max(0, jobs))));
+    return group;
   }
-  // The same, the tasks' number and state made by `setup` on the first thread to come;
-  // `workers` jobs are submitted (at most `most_tasks`: no more than there can be tasks).
-  static std::shared_ptr<TaskGroup> StartAfter(AssemblyHelpers* helpers, int workers, size_t most_tasks,
-                                               std::function<size_t()> setup, std::function<void(size_t)> task) {
-    return Submit(helpers, workers, most_tasks, std::make_shared<TaskGroup>(std::move(setup), std::move(task)));
+  // The tasks and their number made by `setup`, run first by the first thread to come; up to
+  // `jobs` helper jobs in all.
+  static std::shared_ptr<TaskGroup> StartAfter(AssemblyHelpers* helpers, int jobs,
+                                               std::function<size_t()> setup,
+                                               std::function<void(size_t)> task) {
+    const size_t want = static_cast<size_t>(std::max(0, jobs));
+    auto group = std::make_shared<TaskGroup>(helpers, want, std::move(setup), std::move(task));
+    group->Enqueue(helpers, std::min<size_t>(want, 1));
+    return group;
   }
 
-  // Runs the setup if no thread has, and the tasks left, on this thread; returns when every
-  // task has returned.
+  // Runs the setup if no thread has (or waits for it), and the tasks left, on this thread;
+  // returns when every task has returned.
   void Join() {
-    Work();
+    Work(/*joiner=*/true);
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return running_ == 0; });
   }
 
  private:
-  static std::shared_ptr<TaskGroup> Submit(AssemblyHelpers* helpers, int workers, size_t n,
-                                           std::shared_ptr<TaskGroup> group) {
-    const size_t jobs = std::min<size_t>(n, static_cast<size_t>(std::max(0, workers)));
-    for (size_t j = 0; j < jobs; ++j) helpers->Help([group] { group->Work(); });
-    return group;
+  void Enqueue(AssemblyHelpers* helpers, size_t jobs) {
+    for (size_t j = 0; j < jobs; ++j)
+      helpers->Help([group = shared_from_this()] { group->Work(/*joiner=*/false); });
   }
 
-  void Work() {
+  void Work(bool joiner) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!set_up_) {
+      if (setting_up_ && !joiner) {  // (only the first job can come before the setup is done)
+        first_job_left_ = true;
+        return;
+      }
       if (setting_up_) {
         done_.wait(lock, [&] { return set_up_; });
       } else {
         setting_up_ = true;
-        ++running_;
+        ++running_;  // (so that Join() waits for what follows, helpers_ used included)
         lock.unlock();
         const size_t n = setup_();
         lock.lock();
         n_ = n;
         set_up_ = true;
+        done_.notify_all();  // a joiner waiting for the setup
+        // The helpers' other jobs, no more in all than tasks; the first counts unless it left.
+        const size_t all = std::min(n, jobs_), have = jobs_ > 0 && !first_job_left_ ? 1 : 0;
+        if (all > have) {
+          lock.unlock();
+          Enqueue(helpers_, all - have);
+          lock.lock();
+        }
         --running_;
-        done_.notify_all();  // the threads waiting for the setup (and a joiner, when n is 0)
+        if (running_ == 0 && next_ >= n_) done_.notify_all();
       }
     }
     while (next_ < n_) {
@@ -531,9 +553,11 @@ class TaskGroup {
 
   std::mutex mu_;
   std::condition_variable done_;
+  AssemblyHelpers* const helpers_ = nullptr;
+  const size_t jobs_ = 0;  // with a setup: helper jobs wanted in all
   const std::function<size_t()> setup_;
   size_t n_ = 0, next_ = 0, running_ = 0;
-  bool set_up_ = false, setting_up_ = false;
+  bool set_up_ = false, setting_up_ = false, first_job_left_ = false;
   const std::function<void(size_t)> task_;
 };
 
@@ -678,26 +702,29 @@ class CpuAssembler final : public BatchAssembler {
   // idle, it is the first of the batch's work for whichever thread comes first (the helper
   // once done with the batch before, or the caller at Wait()), not the caller's to do now.
   template <typename T>
-  void BeginRanges(const BatchPlan& plan, absl::Span<const PieceRef> pieces, absl::Span<std::byte> dst,
-                   int workers, Begun* b) {
+  void BeginRanges(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
+                   absl::Span<std::byte> dst, int workers, Begun* b) {
     const int now = Workers(plan, /*now=*/true);
     if (now > 1) {
       auto run = [&](size_t n, const std::function<void(size_t)>& task) { Run(now, n, task); };
-      auto w = std::make_shared<BatchWork<T>>(plan, pieces, dst.data(), workers, options_.range_bytes, run);
+      auto w = std::make_shared<BatchWork<T>>(plan, pieces, dst.data(), workers,
+                                              options_.range_bytes, run);
       const size_t n = w->tasks();
-      b->group = TaskGroup::Start(helpers_, workers - 1, n, [w = w.get()](size_t i) { w->Task(i); });
+      b->group =
+          TaskGroup::Start(helpers_, workers - 1, n, [w = w.get()](size_t i) { w->Task(i); });
       b->work = std::move(w);
       return;
     }
     auto w = std::make_shared<std::optional<BatchWork<T>>>();
-    auto setup = [w = w.get(), &plan, pieces, out = dst.data(), workers, range_bytes = options_.range_bytes] {
+    auto setup = [w = w.get(), &plan, pieces, out = dst.data(), workers,
+                  range_bytes = options_.range_bytes] {
       const RunFn here = [](size_t n, const std::function<void(size_t)>& task) {
         for (size_t i = 0; i < n; ++i) task(i);
       };
       w->emplace(plan, pieces, out, workers, range_bytes, here);
       return (*w)->tasks();
     };
-    b->group = TaskGroup::StartAfter(helpers_, workers - 1, SIZE_MAX, std::move(setup),
+    b->group = TaskGroup::StartAfter(helpers_, workers - 1, std::move(setup),
                                      [w = w.get()](size_t i) { (*w)->Task(i); });
     b->work = std::move(w);
   }

@@ -63,19 +63,19 @@ void ParserPool::Add(std::function<void()> job, bool helping) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(Job{std::move(job), helping});
-    if (!helping) ++parse_owed_;
+    if (!helping) ++parse_queued_;
   }
   cv_.notify_one();
 }
 
 size_t ParserPool::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return jobs_.size();
+  return parse_queued_;
 }
 
 size_t ParserPool::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return busy_;
+  return parse_busy_;
 }
 
 int ParserPool::idle() const {
@@ -87,7 +87,8 @@ int ParserPool::idle() const {
 int ParserPool::available() const {
   if (spare_cores_) return threads();
   std::lock_guard<std::mutex> lock(mu_);
-  return parse_owed_ >= threads_.size() ? 0 : static_cast<int>(threads_.size() - parse_owed_);
+  const size_t owed = parse_queued_ + parse_busy_;
+  return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
 }
 
 void ParserPool::Run() {
@@ -98,12 +99,16 @@ void ParserPool::Run() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     ++busy_;
+    if (!job.helping) {
+      --parse_queued_;
+      ++parse_busy_;
+    }
     lock.unlock();
     job.run();
     job.run = nullptr;  // (what it holds goes before the count says it is done)
     lock.lock();
     --busy_;
-    if (!job.helping) --parse_owed_;
+    if (!job.helping) --parse_busy_;
   }
 }
 

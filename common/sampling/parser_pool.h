@@ -32,8 +32,10 @@ class ParserPool final : public AssemblyHelpers {
  public:
   // Starts `threads` (>= 1) threads. `cores`: the cores this process may run on, which decide
   // available() (0: its CPU affinity mask, sched_getaffinity, capped by its cgroup's CPU
-  // quota, cpu.max). `shared`: a pool many loaders use (the daemon's), whose threads are
-  // never offered busy: its subscriptions' loader threads need the spare cores.
+  // quota, cpu.max). `shared`: a pool many loaders use (the daemon's), whose threads busy
+  // parsing are never offered: its subscriptions' loader threads need the spare cores. (A
+  // thread assembling is offered there too: another subscription's ranges queued behind it
+  // cost that subscription nothing, its loader's thread running whatever is still untaken.)
   explicit ParserPool(int threads, int cores = 0, bool shared = false);
   // Runs the jobs already submitted, then joins the threads.
   ~ParserPool() override;
@@ -45,7 +47,7 @@ class ParserPool final : public AssemblyHelpers {
   // AssemblyHelpers: a share of a batch's assembly.
   void Help(std::function<void()> job) override;
   int threads() const { return static_cast<int>(threads_.size()); }
-  // Jobs waiting for a thread, and threads busy (for metrics).
+  // Parse jobs waiting for a thread, and threads parsing (for metrics; assembly not counted).
   size_t queued() const;
   size_t busy() const;
 
@@ -66,8 +68,9 @@ class ParserPool final : public AssemblyHelpers {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
-  size_t busy_ = 0;
-  size_t parse_owed_ = 0;  // parse jobs queued or running
+  size_t busy_ = 0;          // threads running a job (of either kind)
+  size_t parse_queued_ = 0;  // parse jobs waiting
+  size_t parse_busy_ = 0;    // threads running one
   bool stop_ = false;
   bool spare_cores_ = false;
   std::vector<std::thread> threads_;

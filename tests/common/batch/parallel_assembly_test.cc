@@ -99,14 +99,15 @@ void ExpectSameWithHelpers(const BatchPlan& plan, absl::Span<const PieceRef> pie
       CpuAssemblerOptions o;
       o.min_parallel_bytes = 0;
       o.range_bytes = split.range_bytes;
+      // (Before the assembler: on a failed assertion it finishes its batches into them.)
+      std::vector<std::vector<std::byte>> outs(
+          3, std::vector<std::byte>(plan.total_bytes, std::byte{0xCD}));
       auto cpu = MakeCpuAssembler(o);
       cpu->set_helpers(&helpers);
       EXPECT_TRUE(cpu->pipelined());
       std::vector<std::byte> got(plan.total_bytes, std::byte{0xCD});
       ASSERT_TRUE(cpu->Assemble(plan, pieces, absl::MakeSpan(got)).ok());
       ASSERT_EQ(got, want);
-      std::vector<std::vector<std::byte>> outs(
-          3, std::vector<std::byte>(plan.total_bytes, std::byte{0xCD}));
       std::vector<uint64_t> fences;
       for (auto& out : outs) {
         auto f = cpu->Begin(plan, pieces, absl::MakeSpan(out));
@@ -273,9 +274,10 @@ TEST(ParallelAssembly, BusyHelpersDelayNoBatchAndTheirLateJobsTouchNothing) {
       CpuAssemblerOptions o;
       o.min_parallel_bytes = 0;
       o.range_bytes = 1;
+      // (Before the assembler: on a failed assertion it finishes its batches into them.)
+      std::vector<std::vector<std::byte>> outs(2, std::vector<std::byte>(plan->total_bytes, std::byte{0xCD}));
       auto cpu = MakeCpuAssembler(o);
       cpu->set_helpers(&helpers);
-      std::vector<std::vector<std::byte>> outs(2, std::vector<std::byte>(plan->total_bytes, std::byte{0xCD}));
       std::vector<uint64_t> fences;
       for (auto& out : outs) {
         auto f = cpu->Begin(*plan, c.pieces, absl::MakeSpan(out));

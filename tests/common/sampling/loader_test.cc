@@ -723,8 +723,13 @@ TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
     wait_started(2);
     EXPECT_EQ(tight.idle(), 0);
     EXPECT_EQ(tight.available(), 2);
+    tight.Help([] {});  // an assembly job queued: no thread is owed to it
+    EXPECT_EQ(tight.available(), 2);
+    EXPECT_EQ(tight.queued(), 0u);  // (the metrics count parses only)
+    EXPECT_EQ(tight.busy(), 0u);
     tight.Submit([] {});  // a parse job queued behind them: one thread is owed to it
     EXPECT_EQ(tight.available(), 1);
+    EXPECT_EQ(tight.queued(), 1u);
     tight.Submit([] {});
     EXPECT_EQ(tight.available(), 0);
     tight.Submit([] {});
@@ -737,6 +742,8 @@ TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
   one.Submit(block);
   wait_started(1);
   EXPECT_EQ(one.available(), 0);  // parsing
+  EXPECT_EQ(one.busy(), 1u);
+  EXPECT_EQ(one.queued(), 0u);
   release = true;
   while (one.busy() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(one.available(), 1);  // done: the parse job no longer counts
