@@ -716,12 +716,12 @@ class CpuAssembler final : public BatchAssembler {
       return;
     }
     auto w = std::make_shared<std::optional<BatchWork<T>>>();
-    auto setup = [w = w.get(), &plan, pieces, out = dst.data(), workers,
-                  range_bytes = options_.range_bytes] {
-      const RunFn here = [](size_t n, const std::function<void(size_t)>& task) {
-        for (size_t i = 0; i < n; ++i) task(i);
+    // (The assembler outlives its batches' setups: each one runs before its Wait() returns.)
+    auto setup = [this, w = w.get(), &plan, pieces, out = dst.data(), workers] {
+      const RunFn here = [this](size_t n, const std::function<void(size_t)>& task) {
+        Run(1, n, task);
       };
-      w->emplace(plan, pieces, out, workers, range_bytes, here);
+      w->emplace(plan, pieces, out, workers, options_.range_bytes, here);
       return (*w)->tasks();
     };
     b->group = TaskGroup::StartAfter(helpers_, workers - 1, std::move(setup),

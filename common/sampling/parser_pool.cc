@@ -78,17 +78,19 @@ size_t ParserPool::busy() const {
   return parse_busy_;
 }
 
+int ParserPool::Unowed(size_t owed) const {
+  return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
+}
+
 int ParserPool::idle() const {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t owed = busy_ + jobs_.size();
-  return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
+  return Unowed(busy_ + jobs_.size());
 }
 
 int ParserPool::available() const {
   if (spare_cores_) return threads();
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t owed = parse_queued_ + parse_busy_;
-  return owed >= threads_.size() ? 0 : static_cast<int>(threads_.size() - owed);
+  return Unowed(parse_queued_ + parse_busy_);
 }
 
 void ParserPool::Run() {

@@ -64,6 +64,8 @@ class ParserPool final : public AssemblyHelpers {
     bool helping = false;  // submitted through Help()
   };
   void Add(std::function<void()> job, bool helping);
+  // Threads less `owed` (jobs running or queued that each need one), at least 0.
+  int Unowed(size_t owed) const;
   void Run();
   mutable std::mutex mu_;
   std::condition_variable cv_;

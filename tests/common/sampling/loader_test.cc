@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -679,48 +680,50 @@ TEST(ParserPool, RunsEveryJobOnAtMostItsThreads) {
   EXPECT_EQ(most.load(), 2);
 }
 
+// Jobs that hold their pool thread until released.
+struct Blocker {
+  std::atomic<bool> release{false};
+  std::atomic<int> started{0};
+  std::function<void()> Job() {
+    return [this] {
+      ++started;
+      while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+  }
+  void WaitStarted(int n) {
+    while (started.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
 // The threads a pool offers an assembler: all of them where the process has a core for each
 // and two more (busy ones take their ranges when done), else only those idle now.
 TEST(ParserPool, OffersBusyThreadsToAssembleOnlyWithCoresToSpare) {
-  std::atomic<bool> release{false};
-  std::atomic<int> started{0};
-  auto block = [&] {
-    ++started;
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
+  Blocker b;
   ParserPool roomy(2, /*cores=*/4), tight(2, /*cores=*/3);
   EXPECT_EQ(roomy.available(), 2);
   EXPECT_EQ(tight.available(), 2);  // both idle
-  roomy.Submit(block);
-  tight.Submit(block);
-  while (started.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  roomy.Submit(b.Job());
+  tight.Submit(b.Job());
+  b.WaitStarted(2);
   EXPECT_EQ(roomy.available(), 2);
   EXPECT_EQ(tight.available(), 1);
   EXPECT_EQ(tight.idle(), 1);
-  release = true;
+  b.release = true;
 }
 
 // A thread busy assembling (a Help() job) is offered for the next batch even where cores are
 // short: it takes that batch's ranges next, the jobs running in order. A queued parse job is
 // owed a thread; a queued assembly job is not.
 TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
-  std::atomic<bool> release{false};
-  std::atomic<int> started{0};
-  auto block = [&] {
-    ++started;
-    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  auto wait_started = [&](int n) {
-    while (started.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
   {
+    Blocker b;
     ParserPool tight(2, /*cores=*/2);
-    tight.Help(block);
-    wait_started(1);
+    tight.Help(b.Job());
+    b.WaitStarted(1);
     EXPECT_EQ(tight.idle(), 1);
     EXPECT_EQ(tight.available(), 2);  // the busy one assembles: it is the next batch's too
-    tight.Help(block);
-    wait_started(2);
+    tight.Help(b.Job());
+    b.WaitStarted(2);
     EXPECT_EQ(tight.idle(), 0);
     EXPECT_EQ(tight.available(), 2);
     tight.Help([] {});  // an assembly job queued: no thread is owed to it
@@ -734,17 +737,16 @@ TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
     EXPECT_EQ(tight.available(), 0);
     tight.Submit([] {});
     EXPECT_EQ(tight.available(), 0);  // (never below none)
-    release = true;
-  }  // the destructor runs the parse jobs; the next pool starts afresh
-  release = false;
-  started = 0;
+    b.release = true;
+  }  // the pool (declared after the blocker) runs the parse jobs and goes first
+  Blocker b;
   ParserPool one(1, /*cores=*/2);
-  one.Submit(block);
-  wait_started(1);
+  one.Submit(b.Job());
+  b.WaitStarted(1);
   EXPECT_EQ(one.available(), 0);  // parsing
   EXPECT_EQ(one.busy(), 1u);
   EXPECT_EQ(one.queued(), 0u);
-  release = true;
+  b.release = true;
   while (one.busy() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(one.available(), 1);  // done: the parse job no longer counts
 }
