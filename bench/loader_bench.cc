@@ -1,13 +1,14 @@
 // What one subscription's loader thread costs per sequence once chunks are parsed: planning
 // (planner, Loader::Begin, PlanBatch) and CPU assembly, with every chunk kept in memory
 // (keepDataInMemory) so that no epoch after the first parses, and assembly on the calling
-// thread alone (no helpers). An iteration is one epoch of minibatches of 4096 samples;
+// thread alone (no helpers) or helped by the idle pool thread, and planning alone or helped
+// too (the second arg). An iteration is one epoch of minibatches of 4096 samples;
 // sequences_per_second is the rate the loader's thread would sustain if nothing else bound
 // it. Reference: BM_MemcpyBatchBytes copies the same number of batch bytes per epoch.
 // On a shared 2-core VM the rate swings 1.5x between runs; instructions do not: run it under
 // callgrind with collection on the timed epochs only, and smaller files:
 //   LOADER_BENCH_MB=8 valgrind --tool=callgrind --collect-atstart=no
-//     --toggle-collect='*TimedEpoch*' build/bench/loader_bench --benchmark_filter=CbfSparse/0
+//     --toggle-collect='*TimedEpoch*' build/bench/loader_bench --benchmark_filter=CbfSparse/0/0
 //     --benchmark_min_time=0
 // and divide the instructions by the sequences (printed on stderr).
 //
@@ -103,7 +104,10 @@ __attribute__((noinline)) bool TimedEpoch(Loader* loader, Batch* b, uint64_t* by
   return true;
 }
 
-// One epoch a iteration; arg 0: file order, 1: randomized (window of every chunk).
+// One epoch a iteration; first arg 0: file order, 1: randomized (window of every chunk);
+// second arg 0: the loader's thread alone; 1: the pool's thread (idle once every chunk is
+// kept) helps assemble, as in the daemon; 2: it also places ranges of each batch's pieces
+// (PlanThreads).
 void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
   auto ds = Dataset::Open(config);
   if (!ds.ok()) {
@@ -111,7 +115,7 @@ void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
     return;
   }
   CpuAssemblerOptions ao;
-  ao.min_parallel_bytes = UINT64_MAX;  // the calling thread alone
+  if (state.range(1) == 0) ao.min_parallel_bytes = UINT64_MAX;  // the calling thread alone
   auto assembler = MakeCpuAssembler(ao);
   LoaderOptions lo;
   lo.planner.minibatch_size = 4096;
@@ -120,6 +124,7 @@ void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
   lo.planner.randomizer.seed = 1;
   lo.planner.randomizer.window = (*ds)->index().chunks.size();
   lo.threads = 1;
+  if (state.range(1) < 2) lo.min_plan_range_pieces = SIZE_MAX;  // planned alone
   auto loader = Loader::Create(ds->get(), assembler.get(), lo);
   if (!loader.ok()) {
     state.SkipWithError(std::string(loader.status().message()).c_str());
@@ -168,9 +173,9 @@ void BM_MemcpyBatchBytes(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
-BENCHMARK(BM_LoaderCtfSparse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LoaderCbfSparse)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LoaderCtfDense)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoaderCtfSparse)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoaderCbfSparse)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoaderCtfDense)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemcpyBatchBytes)->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -33,6 +33,12 @@ class AssemblyHelpers {
   virtual void Help(std::function<void()> job) = 0;
 };
 
+// Runs task(0..n-1) on the calling thread and on up to `helper_jobs` jobs handed to
+// `helpers` (null: the calling thread alone), each thread taking the next task left; returns
+// when every task has returned. A job that starts after that finds nothing left to run, so a
+// busy helper never delays the caller.
+void RunWithHelpers(AssemblyHelpers* helpers, int helper_jobs, size_t n, const std::function<void(size_t)>& task);
+
 class BatchAssembler {
  public:
   virtual ~BatchAssembler() = default;

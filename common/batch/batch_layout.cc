@@ -140,34 +140,25 @@ bool ScatteredPieces(absl::Span<const PieceRef> pieces) {
   return ScatteredByJumps(jumps, pieces.size());
 }
 
-// Every piece placed (plan->pieces, plan->counts), the batch's samples counted, and each
-// stream's extent (longest piece end, samples, entries) in the same pass.
-absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape, size_t value_bytes,
-                         absl::Span<const PieceRef> pieces, BatchPlan* plan, std::vector<StreamExtent>* extents) {
+// Pieces [begin, end) placed (plan->pieces, plan->counts, plan->entries, sized for all of
+// them), their samples counted into *num_samples, and each stream's extent over them (longest
+// piece end, samples, entries) into extents[0..streams) in the same pass. Stops at the first
+// piece in error, and returns its error. `scattered`: whether the batch's pieces are read
+// scattered (ScatteredPieces), so that their lines are asked for ahead.
+absl::Status PlaceRange(const std::vector<StreamConfig>& streams, const BatchShape& shape, size_t value_bytes,
+                        const uint8_t* sparse, absl::Span<const PieceRef> pieces, size_t begin, size_t end,
+                        bool scattered, BatchPlan* plan, StreamExtent* extents, uint64_t* num_samples_out) {
   int main_stream = -1;
   for (size_t s = 0; s < streams.size(); ++s)
     if (streams[s].defines_mb_size) main_stream = static_cast<int>(s);
-  plan->pieces.resize(pieces.size());
   const size_t ns = streams.size();
-  plan->num_streams = ns;
-  plan->counts.resize(pieces.size() * ns);
-  extents->assign(ns, StreamExtent{});
   const bool bptt = shape.steps > 0;
-  std::vector<uint8_t> sparse(ns);
-  bool any_sparse = false;
-  for (size_t s = 0; s < ns; ++s) {
-    sparse[s] = streams[s].format == StreamFormat::kSparse;
-    any_sparse = any_sparse || sparse[s];
-  }
-  // Sized, not cleared first: the loop below writes every piece's entry of every stream (a
-  // recycled plan's are overwritten, not zeroed and then written).
-  if (any_sparse) plan->entries.resize(pieces.size() * ns);
-  else plan->entries.clear();  // (a recycled plan's)
+  const bool any_sparse = !plan->entries.empty();
   // Randomized pieces lie anywhere in their chunks, so each one's key and sample range miss
   // the cache, and then its entry range (sparse). Asked for ahead, in two stages (the second
   // needs the first), the misses of many pieces overlap; the assembler then finds these lines
   // in cache. The distance covers a miss (several hundred ns here). Not in file order.
-  const size_t ahead = ScatteredPieces(pieces) ? 16 : 0;
+  const size_t ahead = scattered ? 16 : 0;
   // Inlined by force: GCC takes a function that only prefetches for pure and drops its calls.
   auto prefetch_place = [&](size_t i) __attribute__((always_inline)) {
     const PieceRef& p = pieces[i];
@@ -200,13 +191,13 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
       }
     }
   };
-  for (size_t i = 0; i < std::min(pieces.size(), 2 * ahead); ++i) prefetch_place(i);
-  for (size_t i = 0; i < std::min(pieces.size(), ahead); ++i) prefetch_entries(i);
+  for (size_t i = begin; i < std::min(end, begin + 2 * ahead); ++i) prefetch_place(i);
+  for (size_t i = begin; i < std::min(end, begin + ahead); ++i) prefetch_entries(i);
   uint64_t num_samples = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
+  for (size_t i = begin; i < end; ++i) {
     if (ahead > 0) {
-      if (i + 2 * ahead < pieces.size()) prefetch_place(i + 2 * ahead);
-      if (i + ahead < pieces.size()) prefetch_entries(i + ahead);
+      if (i + 2 * ahead < end) prefetch_place(i + 2 * ahead);
+      if (i + ahead < end) prefetch_entries(i + ahead);
     }
     const PieceRef& p = pieces[i];
     PlacedPiece& pp = plan->pieces[i];
@@ -228,7 +219,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
       counts[s] = c;
       longest = std::max(longest, c);
       shortest = std::min(shortest, c);
-      StreamExtent& x = (*extents)[s];
+      StreamExtent& x = extents[s];
       x.max_length = std::max<uint64_t>(x.max_length, p.t0 + c);
       x.num_samples += c;
       if (sparse[s] && c > 0) {
@@ -258,7 +249,67 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     }
     num_samples += main_stream >= 0 ? counts[main_stream] : longest;
   }
-  plan->num_samples += num_samples;
+  *num_samples_out += num_samples;
+  return absl::OkStatus();
+}
+
+// Every piece placed (plan->pieces, plan->counts, plan->entries), the batch's samples
+// counted, and each stream's extent; in ranges run by `threads` when it has helpers and
+// the batch is big enough to split. Ranges are placed independently (each piece's entries
+// depend on it alone) and their extents combined in order, so the plan, and the error
+// (that of the first piece in error), are the same however the pieces are split.
+absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchShape& shape, size_t value_bytes,
+                         absl::Span<const PieceRef> pieces, const PlanThreads* threads, BatchPlan* plan,
+                         std::vector<StreamExtent>* extents) {
+  plan->pieces.resize(pieces.size());
+  const size_t ns = streams.size();
+  plan->num_streams = ns;
+  plan->counts.resize(pieces.size() * ns);
+  extents->assign(ns, StreamExtent{});
+  std::vector<uint8_t> sparse(ns);
+  bool any_sparse = false;
+  for (size_t s = 0; s < ns; ++s) {
+    sparse[s] = streams[s].format == StreamFormat::kSparse;
+    any_sparse = any_sparse || sparse[s];
+  }
+  // Sized, not cleared first: every piece's entry of every stream is written (a recycled
+  // plan's are overwritten, not zeroed and then written).
+  if (any_sparse) plan->entries.resize(pieces.size() * ns);
+  else plan->entries.clear();  // (a recycled plan's)
+  const bool scattered = ScatteredPieces(pieces);
+  const size_t ranges = threads == nullptr || !threads->run || threads->workers <= 1
+                            ? 1
+                            : std::min(pieces.size() / std::max<size_t>(threads->min_range_pieces, 1),
+                                       static_cast<size_t>(2 * threads->workers));
+  if (ranges <= 1) {
+    return PlaceRange(streams, shape, value_bytes, sparse.data(), pieces, 0, pieces.size(), scattered, plan,
+                      extents->data(),
+                      &plan->num_samples);
+  }
+  struct Range {
+    std::vector<StreamExtent> extents;
+    uint64_t num_samples = 0;
+    absl::Status status;
+  };
+  std::vector<Range> out(ranges);
+  threads->run(ranges, [&](size_t r) {
+    Range& o = out[r];
+    o.extents.assign(ns, StreamExtent{});
+    const size_t begin = pieces.size() * r / ranges, end = pieces.size() * (r + 1) / ranges;
+    o.status = PlaceRange(streams, shape, value_bytes, sparse.data(), pieces, begin, end, scattered, plan,
+                          o.extents.data(),
+                          &o.num_samples);
+  });
+  for (const Range& o : out) {
+    if (!o.status.ok()) return o.status;  // the first range in error holds the first piece in error
+    for (size_t s = 0; s < ns; ++s) {
+      StreamExtent& x = (*extents)[s];
+      x.max_length = std::max(x.max_length, o.extents[s].max_length);
+      x.num_samples += o.extents[s].num_samples;
+      x.nnz += o.extents[s].nnz;
+    }
+    plan->num_samples += o.num_samples;
+  }
   return absl::OkStatus();
 }
 
@@ -324,7 +375,7 @@ absl::Status PlaceStreamArrays(uint64_t n, DType value_type, StreamLayout* L, ui
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
                                     absl::Span<const OutputLayout> layouts, absl::Span<const DType> value_dtypes,
-                                    BatchPlan* recycled) {
+                                    BatchPlan* recycled, const PlanThreads* threads) {
   if (!layouts.empty() && layouts.size() != streams.size()) {
     return absl::InternalError("one layout per stream expected");
   }
@@ -342,7 +393,9 @@ absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Pr
   plan.num_sequences = pieces.size();
   std::vector<StreamExtent> extents;
   const size_t value_bytes = precision == Precision::kFloat ? sizeof(float) : sizeof(double);
-  if (absl::Status st = PlacePieces(streams, shape, value_bytes, pieces, &plan, &extents); !st.ok()) return st;
+  if (absl::Status st = PlacePieces(streams, shape, value_bytes, pieces, threads, &plan, &extents); !st.ok()) {
+    return st;
+  }
   const uint64_t n = shape.rows;
   uint64_t cursor = 0;
   if (shape.steps > 0) {

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,18 @@ struct PieceRef {
   int64_t frame = -1;  // shown in dumps: the frame of a multi-sample sequence (frame mode)
 };
 
+// Threads a batch's pieces may be placed on, in ranges (PlanBatch): `run` runs task(0..n-1)
+// on the calling thread and on any of `workers` - 1 helpers that come to it, and returns when
+// every task has returned (a helper that comes later finds nothing left to run).
+// Pieces per range at least when a plan is split over PlanThreads: fewer cost more to hand
+// out than to place (a piece takes tens of ns).
+inline constexpr size_t kMinPiecesPerPlanRange = 1024;
+struct PlanThreads {
+  int workers = 1;  // the calling thread's included
+  size_t min_range_pieces = kMinPiecesPerPlanRange;  // (tests split the smallest batches)
+  std::function<void(size_t, const std::function<void(size_t)>&)> run;
+};
+
 // Plans the batch of `pieces` (all from chunks parsed with `streams` and `precision`).
 // `layouts` is empty (all native) or one per stream; only sparse streams take kCsr/kDense.
 // `value_dtypes` is empty (all native) or one per stream: the native type (kFloat32 for float
@@ -60,10 +73,14 @@ struct PieceRef {
 // `recycled`, when given, is a plan its reader is done with: the new plan takes its arrays
 // of pieces, counts and entries (left empty there), so that a batch costs no allocation per
 // piece (a string-keyed piece's name is copied into the string already there).
+// `threads`, when given with helpers, places the pieces of a batch of at least two
+// ranges (min_range_pieces each) in ranges on them: the same plan, and the same error (the
+// first piece's in error), as on the calling thread alone.
 absl::StatusOr<BatchPlan> PlanBatch(const std::vector<StreamConfig>& streams, Precision precision,
                                     const BatchShape& shape, absl::Span<const PieceRef> pieces,
                                     absl::Span<const OutputLayout> layouts = {},
-                                    absl::Span<const DType> value_dtypes = {}, BatchPlan* recycled = nullptr);
+                                    absl::Span<const DType> value_dtypes = {}, BatchPlan* recycled = nullptr,
+                                    const PlanThreads* threads = nullptr);
 
 // Checks that the values of a stream of `format` in `precision` may be delivered as `dtype`
 // (float16 or bfloat16, float precision, not ids). The message names the stream.

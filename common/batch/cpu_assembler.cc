@@ -747,11 +747,7 @@ class CpuAssembler final : public BatchAssembler {
 
   // Runs task(0..n-1): on the calling thread alone, or with `workers` - 1 helpers.
   void Run(int workers, size_t n, const std::function<void(size_t)>& task) {
-    if (workers <= 1 || n < 2) {
-      for (size_t i = 0; i < n; ++i) task(i);
-      return;
-    }
-    TaskGroup::Start(helpers_, std::min<int>(workers - 1, static_cast<int>(n - 1)), n, task)->Join();
+    RunWithHelpers(helpers_, workers - 1, n, task);
   }
 
   void AssembleInto(const BatchPlan& plan, absl::Span<const PieceRef> pieces, std::byte* out, int workers,
@@ -773,6 +769,14 @@ class CpuAssembler final : public BatchAssembler {
 };
 
 }  // namespace
+
+void RunWithHelpers(AssemblyHelpers* helpers, int helper_jobs, size_t n, const std::function<void(size_t)>& task) {
+  if (helpers == nullptr || helper_jobs <= 0 || n < 2) {
+    for (size_t i = 0; i < n; ++i) task(i);
+    return;
+  }
+  TaskGroup::Start(helpers, std::min<int>(helper_jobs, static_cast<int>(n - 1)), n, task)->Join();
+}
 
 absl::Status CheckSlotSize(const BatchPlan& plan, size_t slot_bytes) {
   if (slot_bytes >= plan.total_bytes) return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,9 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
                const LoaderOptions& options)
     : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)),
       bptt_(options.planner.truncation > 0), layouts_(options.layouts), value_dtypes_(options.value_dtypes),
-      batch_stride_(options.batch_stride), batch_offset_(options.batch_offset) {
+      batch_stride_(options.batch_stride), batch_offset_(options.batch_offset),
+      min_plan_range_pieces_(std::max<size_t>(options.min_plan_range_pieces, 1)),
+      min_plan_split_bytes_(options.min_plan_split_bytes) {
   ChunkPipelineOptions po;
   po.pool = options.pool;
   po.threads = options.threads;
@@ -258,12 +261,30 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   shape.rows = rows;
   shape.steps = p.batch.steps;
   shape.frame_mode = frame_mode;
+  // A big batch's pieces are placed in ranges on the parser threads free to help (those owed
+  // no chunk; one busy with the batch before takes what is left once done with it), so the
+  // planning of one subscription is not bound to this thread (the same plan on any number).
+  // Only where those threads then assemble it, as the CPU assembler's ranges do for batches
+  // like the last one (big enough to split): a range placed on another core and read back by
+  // this thread's own assembly costs more in cache misses than its placing saved.
+  PlanThreads plan_threads;
+  ParserPool* pool = pipeline_->pool();
+  if (pool != nullptr && refs.size() / 2 >= min_plan_range_pieces_ && last_plan_bytes_ >= min_plan_split_bytes_ &&
+      std::string_view(assembler_->name()) == "cpu") {
+    const int helpers = pool->available();
+    plan_threads.workers = 1 + helpers;
+    plan_threads.min_range_pieces = min_plan_range_pieces_;
+    plan_threads.run = [pool, helpers](size_t tasks, const std::function<void(size_t)>& task) {
+      RunWithHelpers(pool, helpers, tasks, task);
+    };
+  }
   auto plan = PlanBatch(dataset_->streams(), dataset_->config().precision, shape, refs, layouts_, value_dtypes_,
-                        &spare_plan_);
+                        &spare_plan_, &plan_threads);
   if (!plan.ok()) {
     give_back();
     return plan.status();
   }
+  last_plan_bytes_ = plan->total_bytes;
   auto given = destination(plan->total_bytes);
   if (!given.ok() || given->size() < plan->total_bytes) {
     give_back();

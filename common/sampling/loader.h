@@ -43,6 +43,12 @@ struct LoaderOptions {
   // Start at the first batch of this epoch (without `resume`).
   uint64_t first_epoch = 0;
   ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
+  // A batch of at least twice this many pieces is planned in ranges on the parser threads
+  // free to help (PlanThreads) when the batch before had at least min_plan_split_bytes (the
+  // CPU assembler's min_parallel_bytes: its helpers assemble such a batch, and read back
+  // what they placed); tests lower both to split the smallest.
+  size_t min_plan_range_pieces = kMinPiecesPerPlanRange;
+  uint64_t min_plan_split_bytes = 512 << 10;
   // Asked before each chunk is parsed (ChunkPipelineOptions::admit); empty: always.
   std::function<absl::Status(uint64_t chunk_id)> admit_chunk;
 };
@@ -137,6 +143,9 @@ class Loader {
   const std::vector<OutputLayout> layouts_;
   const std::vector<DType> value_dtypes_;
   const uint32_t batch_stride_, batch_offset_;
+  const size_t min_plan_range_pieces_;
+  const uint64_t min_plan_split_bytes_;
+  uint64_t last_plan_bytes_ = 0;  // of the batch planned last
   uint64_t batches_planned_ = 0;  // of the whole stream, ours or not
   // Pieces planned ahead of the consumer, at most (beyond the one batch always planned).
   static constexpr size_t kMaxPiecesAhead = size_t{1} << 20;

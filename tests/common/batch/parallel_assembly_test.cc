@@ -165,6 +165,96 @@ void ExpectSameWhereStreamsHaveOneSampleEach(conveyor::testing::BatchCase* c, Pr
   }
 }
 
+void ExpectSameArray(const ArrayDesc& a, const ArrayDesc& b, const char* what) {
+  EXPECT_EQ(a.dtype, b.dtype) << what;
+  EXPECT_EQ(a.offset, b.offset) << what;
+  EXPECT_EQ(a.bytes, b.bytes) << what;
+  EXPECT_EQ(a.shape, b.shape) << what;
+}
+
+// Every field of two plans, pieces, counts and entry addresses included.
+void ExpectSamePlan(const BatchPlan& got, const BatchPlan& want) {
+  EXPECT_EQ(got.total_bytes, want.total_bytes);
+  EXPECT_EQ(got.num_sequences, want.num_sequences);
+  EXPECT_EQ(got.num_samples, want.num_samples);
+  EXPECT_EQ(got.num_streams, want.num_streams);
+  ExpectSameArray(got.mask, want.mask, "mask");
+  ExpectSameArray(got.flags, want.flags, "flags");
+  ASSERT_EQ(got.streams.size(), want.streams.size());
+  for (size_t s = 0; s < want.streams.size(); ++s) {
+    const StreamLayout &g = got.streams[s], &w = want.streams[s];
+    SCOPED_TRACE("stream " + w.name);
+    EXPECT_EQ(g.max_length, w.max_length);
+    EXPECT_EQ(g.num_samples, w.num_samples);
+    EXPECT_EQ(g.nnz, w.nnz);
+    ExpectSameArray(g.lengths, w.lengths, "lengths");
+    ExpectSameArray(g.values, w.values, "values");
+    ExpectSameArray(g.colptr, w.colptr, "colptr");
+    ExpectSameArray(g.rowind, w.rowind, "rowind");
+    ExpectSameArray(g.rowptr, w.rowptr, "rowptr");
+    ExpectSameArray(g.colind, w.colind, "colind");
+  }
+  EXPECT_EQ(got.counts, want.counts);
+  ASSERT_EQ(got.pieces.size(), want.pieces.size());
+  for (size_t i = 0; i < want.pieces.size(); ++i) {
+    const PlacedPiece &g = got.pieces[i], &w = want.pieces[i];
+    ASSERT_TRUE(g.key == w.key && g.name == w.name && g.frame == w.frame && g.row == w.row && g.t0 == w.t0 &&
+                g.sample_begin == w.sample_begin && g.truncated == w.truncated && g.longest == w.longest)
+        << "piece " << i;
+  }
+  ASSERT_EQ(got.entries.size(), want.entries.size());
+  for (size_t i = 0; i < want.entries.size(); ++i) {
+    const PieceEntries &g = got.entries[i], &w = want.entries[i];
+    ASSERT_TRUE(g.indices == w.indices && g.values == w.values && g.count == w.count &&
+                g.first_sample == w.first_sample)
+        << "entry " << i;
+  }
+}
+
+// Runs tasks n-1 down to 0 on the calling thread: the ranges placed last to first.
+void RunBackwards(size_t n, const std::function<void(size_t)>& task) {
+  for (size_t i = n; i-- > 0;) task(i);
+}
+
+// The case planned with its pieces placed in ranges (PlanThreads), as small as one piece, on
+// 1-8 threads, backwards, and into a recycled plan of another batch (longer, garbage in its
+// pieces and entries): the plan made on one thread.
+void ExpectSamePlanInRanges(const conveyor::testing::BatchCase& c, Precision precision,
+                            const std::vector<DType>& dtypes, const BatchPlan& want) {
+  for (int threads : {1, 2, 3, 8}) {
+    for (size_t min_range : {size_t{1}, size_t{3}}) {
+      for (int way = 0; way < 3; ++way) {  // helpers, backwards, helpers into a recycled plan
+        SCOPED_TRACE(::testing::Message() << threads << " threads, ranges of " << min_range << "+ pieces, way " << way);
+        TestHelpers helpers(threads);
+        PlanThreads pt;
+        pt.workers = threads;
+        pt.min_range_pieces = min_range;
+        pt.run = [&](size_t n, const std::function<void(size_t)>& task) {
+          if (way == 1) RunBackwards(n, task);
+          else RunWithHelpers(&helpers, threads - 1, n, task);
+        };
+        BatchPlan recycled;
+        if (way == 2) {
+          recycled.pieces.resize(c.pieces.size() + 7);
+          for (PlacedPiece& p : recycled.pieces) {
+            p.key = 99;
+            p.name = "stale";
+            p.longest = 77;
+          }
+          recycled.counts.assign((c.pieces.size() + 7) * c.streams.size(), 55);
+          recycled.entries.assign((c.pieces.size() + 7) * c.streams.size(),
+                                  PieceEntries{reinterpret_cast<const std::byte*>(&recycled), nullptr, 3, 4});
+        }
+        auto plan = PlanBatch(c.streams, precision, c.shape, c.pieces, c.layouts, dtypes,
+                              way == 2 ? &recycled : nullptr, &pt);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ExpectSamePlan(*plan, want);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
   for (const CaseSpec& spec : StandardCases()) {
     for (uint64_t seed : {21, 22, 23}) {  // 23: narrowed values where the case is float
@@ -174,12 +264,56 @@ TEST(ParallelAssembly, EveryStandardCaseIsTheSameOnAnyNumberOfThreads) {
       const std::vector<DType> dtypes = seed == 23 ? NarrowedDTypes(c) : std::vector<DType>{};
       auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, dtypes);
       ASSERT_TRUE(plan.ok()) << plan.status();
+      ExpectSamePlanInRanges(c, spec.precision, dtypes, *plan);
+      if (::testing::Test::HasFatalFailure()) return;
       ExpectSameWithHelpers(*plan, c.pieces);
       if (::testing::Test::HasFatalFailure()) return;
       ExpectSameWithoutEntries(*plan, c.pieces);
       if (::testing::Test::HasFatalFailure()) return;
       ExpectSameWhereStreamsHaveOneSampleEach(&c, spec.precision, dtypes, *plan);
       if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// Placed in ranges, a string-keyed batch's pieces keep their names, and a batch with several
+// pieces in error fails with the first one's error (that of the calling thread alone), the
+// ranges run on helpers or backwards (the last range's error found first).
+TEST(ParallelAssembly, PlanRangesKeepNamesAndReportTheFirstPieceInError) {
+  CaseSpec spec;
+  for (const CaseSpec& s : StandardCases())
+    if (s.name == "sparse_csr") spec = s;
+  ASSERT_EQ(spec.name, "sparse_csr");
+  auto c = MakeBatchCase(spec, 41);
+  for (auto& chunk : c.chunks) {
+    chunk->names.clear();
+    for (uint64_t key : chunk->keys) chunk->names.push_back("utt-" + std::to_string(key));
+  }
+  BatchShape frames = c.shape;
+  frames.frame_mode = true;  // sequences of several samples: an error each
+  auto alone = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_EQ(alone->pieces.front().name, "utt-" + std::to_string(alone->pieces.front().key));
+  size_t in_error = 0;
+  for (const PlacedPiece& p : alone->pieces) in_error += p.longest > 1 ? 1 : 0;
+  ASSERT_GT(in_error, 10u);
+  const absl::Status want = PlanBatch(c.streams, spec.precision, frames, c.pieces, c.layouts).status();
+  ASSERT_EQ(want.code(), absl::StatusCode::kInvalidArgument) << want;
+  for (int threads : {2, 4}) {
+    for (bool backwards : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads" << (backwards ? ", backwards" : ""));
+      TestHelpers helpers(threads);
+      PlanThreads pt;
+      pt.workers = threads;
+      pt.min_range_pieces = 1;
+      pt.run = [&](size_t n, const std::function<void(size_t)>& task) {
+        if (backwards) RunBackwards(n, task);
+        else RunWithHelpers(&helpers, threads - 1, n, task);
+      };
+      auto named = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts, {}, nullptr, &pt);
+      ASSERT_TRUE(named.ok()) << named.status();
+      ExpectSamePlan(*named, *alone);
+      EXPECT_EQ(PlanBatch(c.streams, spec.precision, frames, c.pieces, c.layouts, {}, nullptr, &pt).status(), want);
     }
   }
 }
@@ -213,6 +347,8 @@ TEST(ParallelAssembly, RandomCasesAreTheSameOnAnyNumberOfThreads) {
     auto c = MakeBatchCase(spec, 100 + k);
     auto plan = PlanBatch(c.streams, spec.precision, c.shape, c.pieces, c.layouts);
     ASSERT_TRUE(plan.ok()) << plan.status();
+    ExpectSamePlanInRanges(c, spec.precision, {}, *plan);
+    if (::testing::Test::HasFatalFailure()) return;
     ExpectSameWithHelpers(*plan, c.pieces);
     if (::testing::Test::HasFatalFailure()) return;
     ExpectSameWithoutEntries(*plan, c.pieces);

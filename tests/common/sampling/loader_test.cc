@@ -333,8 +333,9 @@ TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
   }
 }
 
-// Parser threads that help assemble (every batch split, ranges of one piece: the CPU
-// assembler's thresholds at their lowest) deliver the bytes the assembler gives alone, by
+// Parser threads that help plan and assemble (every batch split, ranges of one piece: the
+// CPU assembler's thresholds at their lowest, and PlanBatch's) deliver the bytes the
+// assembler gives alone, by
 // Next(), by RunPipelined with two batches in flight and by RunWithOwnBuffers, for any
 // number of threads, and from a shared pool whose every thread helps, busy or not (a machine
 // with cores to spare): dense, sparse as CSC, CSR and dense, in sequences.
@@ -378,6 +379,8 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
           ASSERT_EQ(shared->available(), threads);
         }
         lo.pool = shared.get();
+        lo.min_plan_range_pieces = 1;  // every batch's pieces placed in ranges too
+        lo.min_plan_split_bytes = 0;
         auto cpu = MakeCpuAssembler(split);
         auto loader = Loader::Create(ds->get(), cpu.get(), lo);
         ASSERT_TRUE(loader.ok());
