@@ -262,7 +262,8 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   shape.steps = p.batch.steps;
   shape.frame_mode = frame_mode;
   // A big batch's pieces are placed in ranges on the parser threads free to help (those owed
-  // no chunk; one busy with the batch before takes what is left once done with it), so the
+  // no chunk, whatever the cores: one busy with the batch before takes what is left once done
+  // with it, one parsing would come too late), so the
   // planning of one subscription is not bound to this thread (the same plan on any number).
   // Only where those threads then assemble it, as the CPU assembler's ranges do for batches
   // like the last one (big enough to split): a range placed on another core and read back by
@@ -271,7 +272,7 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   ParserPool* pool = pipeline_->pool();
   if (pool != nullptr && refs.size() / 2 >= min_plan_range_pieces_ && last_plan_bytes_ >= min_plan_split_bytes_ &&
       std::string_view(assembler_->name()) == "cpu") {
-    const int helpers = pool->available();
+    const int helpers = pool->unowed();
     plan_threads.workers = 1 + helpers;
     plan_threads.min_range_pieces = min_plan_range_pieces_;
     plan_threads.run = [pool, helpers](size_t tasks, const std::function<void(size_t)>& task) {

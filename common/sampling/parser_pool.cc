@@ -89,6 +89,10 @@ int ParserPool::idle() const {
 
 int ParserPool::available() const {
   if (spare_cores_) return threads();
+  return unowed();
+}
+
+int ParserPool::unowed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return Unowed(parse_queued_ + parse_busy_);
 }

@@ -57,6 +57,10 @@ class ParserPool final : public AssemblyHelpers {
   // least threads() + 2, and the pool not shared), else those owed no parse job (running or
   // queued): idle, or assembling.
   int available() const override;
+  // Threads owed no parse job (running or queued): idle, or assembling, whatever the cores.
+  // The helpers worth asking for work joined at once that one busy assembling may still take
+  // (a batch's plan ranges: Loader::Begin), where those busy parsing would only queue a job.
+  int unowed() const;
 
  private:
   struct Job {

@@ -709,7 +709,9 @@ TEST(ParserPool, OffersBusyThreadsToAssembleOnlyWithCoresToSpare) {
   tight.Submit(b.Job());
   b.WaitStarted(2);
   EXPECT_EQ(roomy.available(), 2);
+  EXPECT_EQ(roomy.unowed(), 1);  // (the plan's ranges, joined at once, skip a parsing thread)
   EXPECT_EQ(tight.available(), 1);
+  EXPECT_EQ(tight.unowed(), 1);
   EXPECT_EQ(tight.idle(), 1);
   b.release = true;
 }
@@ -729,6 +731,7 @@ TEST(ParserPool, OffersThreadsBusyAssemblingButNotThoseOwedAChunk) {
     b.WaitStarted(2);
     EXPECT_EQ(tight.idle(), 0);
     EXPECT_EQ(tight.available(), 2);
+    EXPECT_EQ(tight.unowed(), 2);
     tight.Help([] {});  // an assembly job queued: no thread is owed to it
     EXPECT_EQ(tight.available(), 2);
     EXPECT_EQ(tight.queued(), 0u);  // (the metrics count parses only)
