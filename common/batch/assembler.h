@@ -73,6 +73,13 @@ class BatchAssembler {
   // them). The Loader sets its parser pool here while it uses the assembler and clears it
   // when it goes: an assembler serves one Loader at a time. `helpers` must outlive that use.
   virtual void set_helpers(AssemblyHelpers* helpers) { (void)helpers; }
+  // Whether a batch of `bytes` is assembled in ranges on the helpers (set_helpers): the
+  // Loader then places such a batch's pieces on them too (PlanThreads), since the threads
+  // that place a range read it back when they assemble.
+  virtual bool SplitsBatchesOf(uint64_t bytes) const {
+    (void)bytes;
+    return false;
+  }
 
  private:
   uint64_t assembled_ = 0;

@@ -283,8 +283,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
                                        static_cast<size_t>(2 * threads->workers));
   if (ranges <= 1) {
     return PlaceRange(streams, shape, value_bytes, sparse.data(), pieces, 0, pieces.size(), scattered, plan,
-                      extents->data(),
-                      &plan->num_samples);
+                      extents->data(), &plan->num_samples);
   }
   struct Range {
     std::vector<StreamExtent> extents;
@@ -297,8 +296,7 @@ absl::Status PlacePieces(const std::vector<StreamConfig>& streams, const BatchSh
     o.extents.assign(ns, StreamExtent{});
     const size_t begin = pieces.size() * r / ranges, end = pieces.size() * (r + 1) / ranges;
     o.status = PlaceRange(streams, shape, value_bytes, sparse.data(), pieces, begin, end, scattered, plan,
-                          o.extents.data(),
-                          &o.num_samples);
+                          o.extents.data(), &o.num_samples);
   });
   for (const Range& o : out) {
     if (!o.status.ok()) return o.status;  // the first range in error holds the first piece in error

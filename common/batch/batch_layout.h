@@ -50,12 +50,12 @@ struct PieceRef {
   int64_t frame = -1;  // shown in dumps: the frame of a multi-sample sequence (frame mode)
 };
 
-// Threads a batch's pieces may be placed on, in ranges (PlanBatch): `run` runs task(0..n-1)
-// on the calling thread and on any of `workers` - 1 helpers that come to it, and returns when
-// every task has returned (a helper that comes later finds nothing left to run).
 // Pieces per range at least when a plan is split over PlanThreads: fewer cost more to hand
 // out than to place (a piece takes tens of ns).
 inline constexpr size_t kMinPiecesPerPlanRange = 1024;
+// Threads a batch's pieces may be placed on, in ranges (PlanBatch): `run` runs task(0..n-1)
+// on the calling thread and on any of `workers` - 1 helpers that come to it, and returns when
+// every task has returned (a helper that comes later finds nothing left to run).
 struct PlanThreads {
   int workers = 1;  // the calling thread's included
   size_t min_range_pieces = kMinPiecesPerPlanRange;  // (tests split the smallest batches)

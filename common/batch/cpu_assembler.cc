@@ -629,6 +629,9 @@ class CpuAssembler final : public BatchAssembler {
   const char* name() const override { return "cpu"; }
   void set_helpers(AssemblyHelpers* helpers) override { helpers_ = helpers; }
   bool pipelined() const override { return helpers_ != nullptr; }
+  bool SplitsBatchesOf(uint64_t bytes) const override {
+    return helpers_ != nullptr && bytes >= options_.min_parallel_bytes;
+  }
 
   absl::Status Assemble(const BatchPlan& plan, absl::Span<const PieceRef> pieces,
                         absl::Span<std::byte> dst) override {

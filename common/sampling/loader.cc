@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +31,7 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
     : dataset_(dataset), assembler_(assembler), planner_(std::move(planner)),
       bptt_(options.planner.truncation > 0), layouts_(options.layouts), value_dtypes_(options.value_dtypes),
       batch_stride_(options.batch_stride), batch_offset_(options.batch_offset),
-      min_plan_range_pieces_(std::max<size_t>(options.min_plan_range_pieces, 1)),
-      min_plan_split_bytes_(options.min_plan_split_bytes) {
+      min_plan_range_pieces_(std::max<size_t>(options.min_plan_range_pieces, 1)) {
   ChunkPipelineOptions po;
   po.pool = options.pool;
   po.threads = options.threads;
@@ -263,15 +261,14 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   shape.frame_mode = frame_mode;
   // A big batch's pieces are placed in ranges on the parser threads free to help (those owed
   // no chunk, whatever the cores: one busy with the batch before takes what is left once done
-  // with it, one parsing would come too late), so the
-  // planning of one subscription is not bound to this thread (the same plan on any number).
-  // Only where those threads then assemble it, as the CPU assembler's ranges do for batches
-  // like the last one (big enough to split): a range placed on another core and read back by
-  // this thread's own assembly costs more in cache misses than its placing saved.
+  // with it, one parsing would come too late), so the planning of one subscription is not
+  // bound to this thread (the same plan on any number). Only where those threads then
+  // assemble it, as the assembler does batches like the last one: a range placed on another
+  // core and read back by this thread's own assembly costs more in misses than it saved.
   PlanThreads plan_threads;
   ParserPool* pool = pipeline_->pool();
-  if (pool != nullptr && refs.size() / 2 >= min_plan_range_pieces_ && last_plan_bytes_ >= min_plan_split_bytes_ &&
-      std::string_view(assembler_->name()) == "cpu") {
+  if (pool != nullptr && refs.size() / 2 >= min_plan_range_pieces_ &&
+      assembler_->SplitsBatchesOf(last_plan_bytes_)) {
     const int helpers = pool->unowed();
     plan_threads.workers = 1 + helpers;
     plan_threads.min_range_pieces = min_plan_range_pieces_;

@@ -44,11 +44,9 @@ struct LoaderOptions {
   uint64_t first_epoch = 0;
   ParserPool* pool = nullptr;         // shared parser threads (nullptr: the loader's own)
   // A batch of at least twice this many pieces is planned in ranges on the parser threads
-  // free to help (PlanThreads) when the batch before had at least min_plan_split_bytes (the
-  // CPU assembler's min_parallel_bytes: its helpers assemble such a batch, and read back
-  // what they placed); tests lower both to split the smallest.
+  // free to help (PlanThreads) when the assembler splits batches like the one before
+  // (BatchAssembler::SplitsBatchesOf); tests lower it to split the smallest.
   size_t min_plan_range_pieces = kMinPiecesPerPlanRange;
-  uint64_t min_plan_split_bytes = 512 << 10;
   // Asked before each chunk is parsed (ChunkPipelineOptions::admit); empty: always.
   std::function<absl::Status(uint64_t chunk_id)> admit_chunk;
 };
@@ -144,7 +142,6 @@ class Loader {
   const std::vector<DType> value_dtypes_;
   const uint32_t batch_stride_, batch_offset_;
   const size_t min_plan_range_pieces_;
-  const uint64_t min_plan_split_bytes_;
   uint64_t last_plan_bytes_ = 0;  // of the batch planned last
   uint64_t batches_planned_ = 0;  // of the whole stream, ours or not
   // Pieces planned ahead of the consumer, at most (beyond the one batch always planned).

@@ -450,6 +450,12 @@ TEST(ParallelAssembly, OnlyBatchesWorthSplittingUseHelpers) {
   std::vector<std::byte> out(plan->total_bytes);
   ASSERT_TRUE(cpu->Assemble(*plan, c.pieces, absl::MakeSpan(out)).ok());
   EXPECT_EQ(helpers.submitted(), 0u);
+  // What the loader asks before placing a batch's pieces on the helpers too.
+  EXPECT_FALSE(cpu->SplitsBatchesOf(plan->total_bytes));
+  EXPECT_TRUE(cpu->SplitsBatchesOf(plan->total_bytes + 1));
+  cpu->set_helpers(nullptr);
+  EXPECT_FALSE(cpu->SplitsBatchesOf(plan->total_bytes + 1));
+  cpu->set_helpers(&helpers);
   // A slot too small is refused at Begin(), with no fence used.
   EXPECT_EQ(cpu->Begin(*plan, c.pieces, absl::MakeSpan(out).subspan(0, out.size() - 1)).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -379,8 +379,8 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
           ASSERT_EQ(shared->available(), threads);
         }
         lo.pool = shared.get();
-        lo.min_plan_range_pieces = 1;  // every batch's pieces placed in ranges too
-        lo.min_plan_split_bytes = 0;
+        lo.min_plan_range_pieces = 1;  // every batch's pieces placed in ranges too (the
+                                       // assembler splits every batch: min_parallel_bytes 0)
         auto cpu = MakeCpuAssembler(split);
         auto loader = Loader::Create(ds->get(), cpu.get(), lo);
         ASSERT_TRUE(loader.ok());
