@@ -1,13 +1,19 @@
 #include "common/mapped_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,7 +41,106 @@ FileStamp StampOf(const struct stat& st) {
   return s;
 }
 
+// The faults the SIGBUS handler repaired: a count, and the addresses of the last kFaultRing
+// (written by the handler, which may take no lock; read under the registry's lock).
+constexpr size_t kFaultRing = 4096;
+std::atomic<uint64_t> g_faults{0};
+std::array<std::atomic<uintptr_t>, kFaultRing> g_fault_addresses{};
+struct sigaction g_previous_sigbus;
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  if (info != nullptr && info->si_code == BUS_ADRERR) {
+    // A read of a mapping past the end of its file: zeros for that page (the read goes on and
+    // the fault is counted, for CheckReads()). mmap is a plain system call here.
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+    void* at = reinterpret_cast<void*>(addr / static_cast<uintptr_t>(page) * static_cast<uintptr_t>(page));
+    if (::mmap(at, static_cast<size_t>(page), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
+      const uint64_t n = g_faults.load(std::memory_order_relaxed);
+      g_fault_addresses[n % kFaultRing].store(addr, std::memory_order_relaxed);
+      g_faults.fetch_add(1, std::memory_order_release);
+      return;
+    }
+  }
+  // Anything else: what it did before (by default, end the process with the signal).
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction != nullptr) {
+      g_previous_sigbus.sa_sigaction(sig, info, context);
+      return;
+    }
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the faulting read runs again and ends the process as before
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
 }  // namespace
+
+// Every live mapping by its first byte, for finding the file of a fault's address.
+struct MappingRegistry {
+  std::mutex mu;
+  std::map<uintptr_t, MappedFile*> by_address;  // guarded by mu
+  uint64_t faults_read = 0;                      // faults already attributed; guarded by mu
+
+  static MappingRegistry& Get() {
+    static MappingRegistry* r = new MappingRegistry;  // never destroyed: mappings outlive statics
+    return *r;
+  }
+  // Attributes the faults recorded since the last call to their mappings (cut_at_); where the
+  // ring lost some, compares every mapping's file size now instead. Under mu.
+  void Attribute() {
+    const uint64_t n = g_faults.load(std::memory_order_acquire);
+    if (n == faults_read) return;
+    if (n - faults_read > kFaultRing) {
+      for (auto& [begin, f] : by_address) {
+        struct stat st;
+        if (::stat(f->path_.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) < f->size_) {
+          f->cut_at_ = std::min<uint64_t>(f->cut_at_, static_cast<uint64_t>(st.st_size));
+        }
+      }
+    } else {
+      for (uint64_t k = faults_read; k < n; ++k) {
+        const uintptr_t addr = g_fault_addresses[k % kFaultRing].load(std::memory_order_relaxed);
+        auto it = by_address.upper_bound(addr);
+        if (it == by_address.begin()) continue;
+        --it;
+        MappedFile* f = it->second;
+        if (addr < it->first + f->size_) f->cut_at_ = std::min<uint64_t>(f->cut_at_, addr - it->first);
+      }
+    }
+    faults_read = n;
+  }
+};
+
+uint64_t MappedFile::CutShortReads() { return g_faults.load(std::memory_order_acquire); }
+
+absl::Status MappedFile::CheckReads(const std::vector<std::string>& paths) {
+  if (CutShortReads() == 0) return absl::OkStatus();
+  MappingRegistry& r = MappingRegistry::Get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.Attribute();
+  const std::unordered_set<std::string> wanted(paths.begin(), paths.end());
+  for (const auto& [begin, f] : r.by_address) {
+    if (f->cut_at_ == UINT64_MAX || wanted.count(f->path_) == 0) continue;
+    return absl::DataLossError(absl::StrCat(f->path_, ": the file was cut short after it was opened: a read at byte ",
+                                            f->cut_at_, " found no data (it was ", f->size_,
+                                            " bytes when opened: was it changed or truncated since?)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<FileStamp> StatFile(const std::string& path) {
   struct stat st;
@@ -64,7 +169,9 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path, bool readable) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer (it is refused below); no effect on
+  // reads of a regular file.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -72,9 +179,17 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);
     return ErrnoStatus(err, "cannot stat", path);
   }
-  if (S_ISDIR(st.st_mode)) {
+  if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory, expected a data file"));
+    // A device or a FIFO has no size to map (/dev/zero would read as an empty dataset, a FIFO
+    // would wait forever): data is read from files (a Kaldi `cmd |` pipe for a stream).
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is ", what, ", expected a data file (a regular file)"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   const char* data = "";
@@ -91,10 +206,23 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);  // The mapping keeps the file referenced.
     fd = -1;
   }
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, size, StampOf(st), fd));
+  std::unique_ptr<MappedFile> f(new MappedFile(path, data, size, StampOf(st), fd));
+  if (size > 0) {
+    InstallSigbusHandler();
+    MappingRegistry& r = MappingRegistry::Get();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.by_address[reinterpret_cast<uintptr_t>(data)] = f.get();
+  }
+  return f;
 }
 
 MappedFile::~MappedFile() {
+  if (size_ > 0) {
+    MappingRegistry& r = MappingRegistry::Get();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.Attribute();  // a fault in this mapping is not to be given to the next one at its address
+    r.by_address.erase(reinterpret_cast<uintptr_t>(data_));
+  }
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);
 }

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -58,14 +59,33 @@ class MappedFile {
   // Internal for an I/O error; each names the path and the range. Thread-safe.
   absl::Status Read(uint64_t offset, uint64_t length, char* out) const;
 
+  // A file cut short after it was mapped (rewritten in place, truncated) would make a read of
+  // its mapping past the new end raise SIGBUS and kill the process. Instead, the first Open()
+  // installs a handler that gives the faulting page zeros (an anonymous page mapped over it)
+  // and counts the fault, so the read goes on; whoever turns mapped bytes into output then
+  // asks CheckReads() and fails instead of serving those zeros (Dataset does after every
+  // parse and every batch). A SIGBUS that is not a read past a file's end (BUS_ADRERR) keeps
+  // its default action.
+  //
+  // Reads past a file's end so far, in this process (0 on every path but this one).
+  static uint64_t CutShortReads();
+  // OK unless a mapping of one of `paths` was read past its file's end (now or earlier: a page
+  // given zeros is not read from the file again, so the mapping stays marked): then DataLoss
+  // naming the file, the offset read and the size it had when opened. Reads the faults the
+  // handler recorded; where more came than it keeps, compares each file's size now instead.
+  static absl::Status CheckReads(const std::vector<std::string>& paths);
+
  private:
   MappedFile(std::string path, const char* data, size_t size, FileStamp stamp, int fd)
       : path_(std::move(path)), data_(data), size_(size), stamp_(stamp), fd_(fd) {}
+  friend struct MappingRegistry;
   const std::string path_;
   const char* const data_;
   const size_t size_;
   const FileStamp stamp_;
   const int fd_;  // -1 unless opened `readable`
+  // The first offset read past the file's end (UINT64_MAX: none), under the registry's lock.
+  uint64_t cut_at_ = UINT64_MAX;
 };
 
 }  // namespace conveyor

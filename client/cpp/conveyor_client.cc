@@ -162,7 +162,15 @@ absl::Status Subscription::Open() {
   // Batches of one-sample rows come with their keys only (proto: Pieces.single_sample_rows);
   // DescriptorToPlan puts the pieces back together in the plan.
   first.mutable_subscribe()->set_compact_pieces(true);
-  if (!last_cursor_.empty()) first.mutable_subscribe()->set_resume_cursor(last_cursor_);
+  if (!last_cursor_.empty() && last_cursor_ != request_.resume_cursor()) {
+    // Resumed after the last batch handed out: the resumed stream starts at the batch after
+    // it, so the next batch of this subscription (`stride` batches on) is at offset stride - 1
+    // of it; and the cursor says where the stream is (a first epoch would be refused).
+    v1::Subscribe* s = first.mutable_subscribe();
+    s->set_resume_cursor(last_cursor_);
+    if (s->batch_stride() > 1) s->set_batch_offset(s->batch_stride() - 1);
+    s->clear_first_epoch();
+  }
   // A failed write shows up in the reads: the call ended (what the daemon sent before is
   // still read and checked, then Finish() gives the status). Finish() here could block: it
   // waits for messages nobody reads. A write that waits past the idle deadline (a daemon

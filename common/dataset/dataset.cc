@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/formats/registry.h"
+#include "common/mapped_file.h"
 #include "common/status_macros.h"
 
 namespace conveyor {
@@ -13,6 +14,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const DatasetConfig& conf
                                                        const DatasetOpenOptions& options) {
   std::unique_ptr<Dataset> ds(new Dataset(config));
   RETURN_IF_ERROR(ds->Init(options));
+  RETURN_IF_ERROR(ds->CheckReads());  // indexing read the files through their mappings
   return ds;
 }
 
@@ -299,6 +301,8 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseChunk(uint64_t chunk_
   ErrorBudget::ChunkScope scope(budget_.get(), chunk_id);
   auto chunk = chunked_ == nullptr ? ParseJoinedChunk(chunk_id) : chunked_->ParseChunk(chunk_id);
   if (chunk.ok()) {
+    // Kaldi and HTK chunks are read through their files' mappings: not from a file cut short.
+    RETURN_IF_ERROR(CheckReads());
     NoteOneSampleStreams(chunk->get());
     NoteIdentitySlots(chunk->get());
   }
@@ -320,6 +324,25 @@ void Dataset::WillNeed(uint64_t chunk_id) const {
   const size_t ns = deserializers_.size();
   for (uint64_t i = c.first_sequence; i < c.first_sequence + c.num_sequences; ++i)
     for (size_t s = 0; s < ns; ++s) deserializers_[s]->WillNeed(joined_[i * ns + s]);
+}
+
+absl::Status Dataset::CheckReads() const {
+  const uint64_t n = MappedFile::CutShortReads();
+  if (n == reads_checked_.load(std::memory_order_acquire) && !cut_short_.load(std::memory_order_acquire)) {
+    return absl::OkStatus();  // no read past a file's end anywhere since the last look
+  }
+  std::vector<std::string> paths = input_paths();
+  if (!index_cache_path().empty()) paths.push_back(index_cache_path());  // mapped and used in place
+  absl::Status st = MappedFile::CheckReads(paths);
+  if (!st.ok()) {
+    cut_short_.store(true, std::memory_order_release);
+    return st;
+  }
+  // (Faults of other datasets' files: this one's stay readable.)
+  uint64_t seen = reads_checked_.load(std::memory_order_relaxed);
+  while (seen < n && !reads_checked_.compare_exchange_weak(seen, n, std::memory_order_acq_rel)) {
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor

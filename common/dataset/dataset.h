@@ -76,6 +76,12 @@ class Dataset {
   // kept once no reader holds it. Thread-safe. Errors: as ParseChunk.
   // `parsed_here`, when given: whether this call parsed it (ChunkCache::Get).
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> SharedChunk(uint64_t chunk_id, bool* parsed_here = nullptr) const;
+  // OK unless one of its files was cut short after it was opened and a read of its mapping
+  // found no data there (MappedFile::CheckReads): then DataLoss naming the file, from then on.
+  // Called after every parse and by the loader after every batch (Kaldi FM/DM and CBF values
+  // are assembled from where they lie). One atomic load while no file anywhere was cut short.
+  absl::Status CheckReads() const;
+
   // Chunks actually parsed so far (cache hits excluded).
   uint64_t parses() const { return parses_.load(); }
   // Keeps up to `bytes` of the most recently used chunks after their last reader lets go
@@ -132,6 +138,8 @@ class Dataset {
   const Index* index_ = &joined_index_;  // chunked_'s index, or joined_index_
   const std::string no_cache_path_;
   mutable std::atomic<uint64_t> parses_{0};
+  mutable std::atomic<uint64_t> reads_checked_{0};  // MappedFile::CutShortReads() at the last look
+  mutable std::atomic<bool> cut_short_{false};       // a file of its was found cut short
   // Declared last: destroyed first, so that no chunk released later reaches a deserializer.
   std::unique_ptr<ChunkCache> cache_;
 };

@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const Dataset* dataset,
                                                    options.batch_stride));
   }
   if (options.resume) {
-    RETURN_IF_ERROR(planner->Seek(*options.resume));
+    RETURN_IF_ERROR(planner->Resume(*options.resume));
   } else if (options.first_epoch > 0) {
     RETURN_IF_ERROR(planner->SeekEpoch(options.first_epoch));
   }
@@ -311,6 +311,9 @@ absl::Status Loader::Complete(Batch* out) {
   std::unique_ptr<InFlight> f = std::move(in_flight_.front());
   in_flight_.pop_front();
   absl::Status st = assembler_->Wait(f->fence);
+  // Values assembled from where they lie in a mapped file (Kaldi FM/DM): none from a file cut
+  // short since its chunk was parsed. Before the chunks are given back.
+  if (st.ok()) st = dataset_->CheckReads();
   f->held.clear();
   for (uint64_t t : f->used) Unref(t);
   RETURN_IF_ERROR(st);

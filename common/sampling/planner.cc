@@ -104,6 +104,25 @@ uint64_t Planner::last_sweep() const {
   return end == 0 ? 0 : (end - 1) / index_->total_samples;
 }
 
+absl::Status Planner::Resume(const CursorState& state) {
+  // Its epoch, batch and place on the timeline agree (a cursor is checked, not signed: one
+  // edited by hand must not label sweep 0's batches as epoch 2's, nor wrap batch numbers).
+  const uint64_t total = index_->total_samples;
+  if (total > 0) {
+    if (state.sweep > (UINT64_MAX - state.sample_in_sweep) / total) {
+      return absl::InvalidArgumentError("cursor position lies past the end of the stream");
+    }
+    const uint64_t at = state.sweep * total + state.sample_in_sweep;
+    const uint64_t epoch_begin = SaturatingMul(state.epoch, epoch_size_);
+    if (state.epoch > options_.epochs || at < epoch_begin ||
+        (options_.truncation == 0 && (at > SaturatingMul(state.epoch + 1, epoch_size_) || state.batch > at - epoch_begin))) {
+      return absl::InvalidArgumentError(absl::StrCat("cursor says epoch ", state.epoch, ", batch ", state.batch,
+                                                     " at sample ", at, ", which do not agree for this stream"));
+    }
+  }
+  return Seek(state);
+}
+
 absl::Status Planner::Seek(const CursorState& state) {
   const uint64_t n = index_->chunks.size();
   if ((n > 0 && state.segment >= n) || state.sample_in_sweep > index_->total_samples) {
@@ -187,6 +206,9 @@ void Planner::Advance() {
 std::optional<PlannedBatch> Planner::Next() {
   if (index_->total_samples == 0 || epoch_size_ == 0) return std::nullopt;
   while (state_.epoch < options_.epochs) {
+    // The timeline has 2^64 samples: an epoch that would start past them holds none, nor do
+    // the ones after it (not walked one by one: that spun for minutes at 2^32 epochs).
+    if (state_.epoch > 0 && epoch_size_ > UINT64_MAX / state_.epoch) break;
     auto b = options_.truncation > 0 ? NextTruncated() : NextFrameOrSequence();
     if (b) return b;
     // An epoch in which no unit starts (epochs shorter than a unit): the next unit starts in
@@ -308,6 +330,10 @@ absl::Status Planner::SeekEpoch(uint64_t epoch) {
   if (epoch >= options_.epochs) {
     return absl::InvalidArgumentError(absl::StrCat("first epoch ", epoch, " is not before the last epoch asked for (",
                                                    options_.epochs, " epochs, counted from 0)"));
+  }
+  if (epoch > 0 && epoch_size_ > UINT64_MAX / epoch) {
+    return absl::InvalidArgumentError(absl::StrCat("first epoch ", epoch, " of ", epoch_size_,
+                                                   " samples each would start past 2^64 samples, where no data is"));
   }
   const uint64_t sweep_samples = index_->total_samples;
   if (sweep_samples == 0 || index_->chunks.empty()) return absl::OkStatus();

@@ -100,6 +100,10 @@ class Planner {
   // Continues from `state` (a decoded cursor). Errors: InvalidArgument when the state does
   // not fit the index (segment, offset or slots out of range).
   absl::Status Seek(const CursorState& state);
+  // Seek() to a cursor's state from outside (a resume), which must also agree with itself and
+  // with this stream: its epoch not past the last, its place on the timeline inside its epoch
+  // and, but in truncated BPTT, no more batches before it in its epoch than samples.
+  absl::Status Resume(const CursorState& state);
 
   // Starts at the first minibatch of epoch `epoch` (< options().epochs), from the start.
   // Positions directly (one sweep's units at most are counted) unless minibatches spill

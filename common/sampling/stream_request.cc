@@ -118,6 +118,9 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
     }
     rz.seed = c.seed;
     if (!r.world) {
+      if (c.world == 0 || c.world > kMaxWorld) {
+        return absl::InvalidArgumentError(absl::StrCat("cursor says world ", c.world, ": it must be between 1 and ", kMaxWorld));
+      }
       p.world = c.world;
       p.rank = r.rank.value_or(c.rank);
     }

@@ -3,6 +3,7 @@
 // file no longer holds the range, and none without a descriptor kept for it.
 #include "common/mapped_file.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
@@ -48,6 +49,60 @@ TEST(MappedFile, ReadPastTheEndOfAFileCutShortIsDataLossNamingTheFile) {
   EXPECT_NE(st.message().find("cut.bin: the file ends at byte 6000, before byte 10000"), std::string::npos) << st;
   EXPECT_NE(st.message().find("10000 bytes when opened"), std::string::npos) << st;
   EXPECT_EQ((*f)->Read(20000, 1, out.data()).code(), absl::StatusCode::kDataLoss);
+}
+
+// A read of the mapping itself past the end of a file cut short: a SIGBUS would end the
+// process; the page reads as zeros instead, and CheckReads() names the file from then on.
+TEST(MappedFile, AReadOfTheMappingPastTheEndOfAFileCutShortIsReportedNotASigbus) {
+  TempDir dir;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::string bytes = Pattern(4 * page);
+  const std::string path = dir.Write("cut.bin", bytes);
+  const std::string other = dir.Write("other.bin", bytes);
+  auto f = MappedFile::Open(path);
+  auto g = MappedFile::Open(other);
+  ASSERT_TRUE(f.ok() && g.ok());
+  const volatile char* p = (*f)->bytes().data();
+  EXPECT_EQ(p[3 * page + 5], bytes[3 * page + 5]);  // read once before the cut: in the page tables
+  EXPECT_TRUE(MappedFile::CheckReads({path, other}).ok());
+  ASSERT_EQ(::truncate(path.c_str(), page + 100), 0);
+  const uint64_t before = MappedFile::CutShortReads();
+  EXPECT_EQ(p[page + 50], bytes[page + 50]);  // still in the file
+  EXPECT_EQ(p[page + 200], 0);                // past the end, in its last page: zeros, no fault
+  EXPECT_EQ(MappedFile::CutShortReads(), before);
+  EXPECT_EQ(p[3 * page + 5], 0);              // a page wholly past the end: faults, reads zeros
+  EXPECT_EQ(p[3 * page + 6], 0);              // (given zeros once: no second fault)
+  EXPECT_EQ(MappedFile::CutShortReads(), before + 1);
+  const absl::Status st = MappedFile::CheckReads({other, path});
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find(path + ": the file was cut short after it was opened: a read at byte " +
+                              std::to_string(3 * page + 5) + " found no data (it was " + std::to_string(4 * page) +
+                              " bytes when opened"),
+            std::string::npos)
+      << st;
+  EXPECT_TRUE(MappedFile::CheckReads({other}).ok());  // another file's mapping is not concerned
+  EXPECT_EQ(MappedFile::CheckReads({path}).code(), absl::StatusCode::kDataLoss);  // and it stays so
+  // Once its mapping is gone, a new mapping of the same file is not marked by the old fault.
+  f->reset();
+  auto again = MappedFile::Open(path);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(MappedFile::CheckReads({path}).ok());
+}
+
+// Data comes from regular files: a FIFO would wait for a writer forever and a device would
+// read as an empty dataset; both are refused at once, naming what they are.
+TEST(MappedFile, OnlyRegularFilesAreOpened) {
+  TempDir dir;
+  const std::string fifo = dir.path() + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto f = MappedFile::Open(fifo);
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f.status().message().find("pipe: is a FIFO (named pipe), expected a data file"), std::string::npos)
+      << f.status();
+  auto z = MappedFile::Open("/dev/zero");
+  EXPECT_NE(z.status().message().find("/dev/zero: is a character device"), std::string::npos) << z.status();
+  auto d = MappedFile::Open(dir.path());
+  EXPECT_NE(d.status().message().find(": is a directory"), std::string::npos) << d.status();
 }
 
 TEST(MappedFile, ReadNeedsTheFileKeptOpen) {

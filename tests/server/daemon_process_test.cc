@@ -109,6 +109,50 @@ TEST(DaemonProcess, FailoverToAReplicaCompletesTheEpochExactlyOnce) {
   EXPECT_TRUE((*client)->Describe("sparse").ok());
 }
 
+// A subscription that takes every second batch from epoch 1 on (a DataLoader worker's share)
+// fails over mid-stream: the resumed stream starts after the last batch handed out, so the
+// client asks for the batch `stride` on from there and no longer for a first epoch (which the
+// daemon refuses next to a cursor). The batches are exactly those of an uninterrupted run.
+TEST(DaemonProcess, FailoverKeepsABatchStrideAndAFirstEpoch) {
+  TempDir dir;
+  v1::Subscribe s = Sub();
+  s.set_epochs(3);
+  s.set_first_epoch(1);
+  s.set_batch_stride(2);
+  s.set_batch_offset(1);
+  auto read_all = [&](Client* client, DaemonProcess* kill_after_5) {
+    std::vector<std::pair<uint64_t, uint64_t>> batches;  // (epoch, batch)
+    std::vector<uint64_t> keys;
+    auto sub = client->Subscribe(s);
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    if (!sub.ok()) return std::make_pair(batches, keys);
+    ReceivedBatch b;
+    while (true) {
+      auto more = (*sub)->Next(&b);
+      EXPECT_TRUE(more.ok()) << more.status();
+      if (!more.ok() || !*more) break;
+      batches.emplace_back(b.descriptor().epoch(), b.descriptor().batch());
+      for (uint64_t k : b.descriptor().pieces().key()) keys.push_back(k);
+      if (batches.size() == 5 && kill_after_5 != nullptr) kill_after_5->Kill(SIGKILL);
+    }
+    return std::make_pair(batches, keys);
+  };
+  DaemonProcess a(dir.path());
+  DaemonProcess b(dir.path());
+  ASSERT_TRUE(a.started() && b.started());
+  auto alone = Client::Connect(b.address());
+  ASSERT_TRUE(alone.ok());
+  const auto expected = read_all(alone->get(), nullptr);
+  ASSERT_EQ(expected.first.size(), 20u);  // 20 batches an epoch, epochs 1 and 2, odd ones
+  EXPECT_EQ(expected.first.front(), std::make_pair(uint64_t{1}, uint64_t{1}));
+  EXPECT_EQ(expected.first.back(), std::make_pair(uint64_t{2}, uint64_t{19}));
+  auto both = Client::Connect(a.address() + "," + b.address());
+  ASSERT_TRUE(both.ok());
+  const auto failed_over = read_all(both->get(), &a);
+  EXPECT_EQ(failed_over.first, expected.first);
+  EXPECT_EQ(failed_over.second, expected.second);
+}
+
 // `conveyor health` (the container's HEALTHCHECK) against a live daemon, one that ignores
 // SIGHUP, and a dead one.
 TEST(DaemonProcess, HealthCommandTellsServingFromGone) {

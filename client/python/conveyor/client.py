@@ -482,8 +482,14 @@ class Subscription:
         self._requests = queue.Queue()
         first = pb.StreamRequest()
         first.subscribe.CopyFrom(self._subscribe)
-        if self._cursor:
+        if self._cursor and self._cursor != self._subscribe.resume_cursor:
+            # Resumed after the last batch handed out: the resumed stream starts at the batch
+            # after it, so this subscription's next batch (`stride` batches on) is at offset
+            # stride - 1 of it; and the cursor says where (a first epoch would be refused).
             first.subscribe.resume_cursor = self._cursor
+            if first.subscribe.batch_stride > 1:
+                first.subscribe.batch_offset = first.subscribe.batch_stride - 1
+            first.subscribe.ClearField("first_epoch")
         self._requests.put(first)
 
         def requests(q=self._requests):

@@ -4,6 +4,7 @@
 // dims that disagree are skipped and counted, or are errors when maxErrors says so.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -13,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/batch/dump_writer.h"
 #include "common/config/config_loader.h"
+#include "common/batch/assembler.h"
 #include "common/dataset/dataset.h"
+#include "common/sampling/loader.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
@@ -279,6 +282,60 @@ TEST(KaldiDataset, PlainMatricesAreUsedWhereTheyLie) {
   EXPECT_NE(dump->find("\"key\":\"a\",\"streams\":{\"features\":{\"dense\":[[1,2,3],[4,5,6]]}}"), std::string::npos) << *dump;
   EXPECT_NE(dump->find("\"key\":\"b\",\"streams\":{\"features\":{\"dense\":[[7,8,9],[10,11,12]]}}"), std::string::npos);
   EXPECT_NE(dump->find("\"key\":\"c\",\"streams\":{\"features\":{\"dense\":[[13,14,15],[16,17,18]]}}"), std::string::npos);
+}
+
+// An ark rewritten or cut short while a dataset reads it (a feature file regenerated in place):
+// Kaldi matrices are read through the file's mapping, where a read past the new end raised
+// SIGBUS and ended the daemon. Now the parse of a chunk past the cut, and a batch assembled
+// from a chunk parsed before it (plain matrices are used where they lie), are DataLoss naming
+// the file, and the process goes on.
+TEST(KaldiDataset, AnArkCutShortWhileReadIsAnErrorNamingItNotACrash) {
+  TempDir dir;
+  std::string ark;
+  const int32_t rows = 64, cols = 40;  // 10 KB a matrix: a few pages each
+  for (int u = 0; u < 24; ++u) {
+    ark += "utt" + std::to_string(u) + " " + std::string("\0BFM ", 5);
+    ark += '\4';
+    ark.append(reinterpret_cast<const char*>(&rows), 4);
+    ark += '\4';
+    ark.append(reinterpret_cast<const char*>(&cols), 4);
+    for (int i = 0; i < rows * cols; ++i) {
+      const float v = static_cast<float>(u * 10000 + i);
+      ark.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  const std::string path = dir.Write("feats.ark", ark);
+  auto config = Config(dir, "datasets:\n  d:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                            "        chunkSizeInBytes: 65536\n        rspecifier: \"ark:" + path +
+                            "\"\n        input: {features: {}}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(*config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const uint64_t chunks = (*ds)->index().chunks.size();
+  ASSERT_GE(chunks, 3u);
+  auto cpu = MakeCpuAssembler();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = rows;  // one utterance a batch
+  auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  Batch b;
+  auto more = (*loader)->Next(&b);  // chunk 0 parsed (its matrices where they lie) and batch 0
+  ASSERT_TRUE(more.ok() && *more) << more.status();
+  std::vector<float> utt0(rows * cols);  // batch 0 holds utterance 0's values, as written
+  for (int i = 0; i < rows * cols; ++i) utt0[i] = static_cast<float>(i);
+  const std::string_view batch(reinterpret_cast<const char*>(b.bytes.data()), b.bytes.size());
+  EXPECT_NE(batch.find(std::string_view(reinterpret_cast<const char*>(utt0.data()), utt0.size() * 4)), std::string::npos);
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);  // the rest of chunk 0 and every later chunk gone
+  // Batch 1 is utterance 1 of chunk 0, parsed before the cut and read where it lay.
+  more = (*loader)->Next(&b);
+  const absl::Status st = more.status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find(path + ": the file was cut short after it was opened"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("changed or truncated since"), std::string::npos) << st;
+  // The last chunk, parsed now: the same error; the dataset stays failed, it does not serve zeros.
+  auto last = (*ds)->ParseChunk(chunks - 1);
+  EXPECT_EQ(last.status().code(), absl::StatusCode::kDataLoss) << last.status();
+  EXPECT_EQ((*ds)->CheckReads().code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(KaldiDataset, MissingKeysMismatchesAndEmptyEntriesAreSkippedAndCounted) {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/batch/assembler.h"
+#include "common/sampling/cursor.h"
 #include "common/sampling/loader.h"
 #include "common/sampling/parser_pool.h"
 #include "common/sampling/stream_request.h"
@@ -226,6 +227,55 @@ TEST(BoundedWork, TruncationTimesParallelIsBounded) {
             "truncation x parallel (1048576 x 65536 steps) must be at most 16777216, the largest minibatch");
   r.parallel = 16;  // 2^24 steps: the limit itself
   EXPECT_TRUE(ResolveStream(*data.dataset, r).ok());
+}
+
+// Epochs that would start past the 2^64-sample timeline hold no data: a stream that asks to
+// start in one is refused, and one that reaches them ends there instead of walking 2^32 of
+// them (which kept a producer thread busy for minutes after its client had gone).
+TEST(BoundedWork, EpochsPastTheTimelineAreRefusedOrEndTheStream) {
+  SmallDataset data;
+  StreamRequest r;
+  r.epochs = uint64_t{1} << 32;
+  r.epoch_size = UINT64_MAX;
+  r.first_epoch = 3;
+  auto resolved = ResolveStream(*data.dataset, r);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();  // (the planner checks where epochs start)
+  auto cpu = MakeCpuAssembler();
+  auto loader = Loader::Create(data.dataset.get(), cpu.get(), resolved->loader);
+  EXPECT_EQ(loader.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loader.status().message().find("would start past 2^64 samples"), std::string::npos) << loader.status();
+  // Epochs of (2^64 - 1) / 3 samples: epoch 3 starts at the timeline's last sample, epoch 4
+  // would start past it. Started in epoch 3, the stream ends at once, not 2^32 epochs later.
+  Index index;
+  for (uint64_t i = 0; i < 4; ++i) index.sequences.push_back({i, i * 10, i, 10, 1});
+  index.BuildChunks(1000);
+  PlannerOptions o;
+  o.minibatch_size = 1;
+  o.epochs = uint64_t{1} << 32;
+  o.epoch_size = UINT64_MAX / 3;
+  auto planner = Planner::Create(&index, o);
+  ASSERT_TRUE(planner.ok());
+  EXPECT_FALSE((*planner)->SeekEpoch(4).ok());
+  ASSERT_TRUE((*planner)->SeekEpoch(3).ok());
+  uint64_t batches = 0;
+  const bool in_time = ReturnsWithin(std::chrono::seconds(10), [&] {
+    while ((*planner)->Next() && batches < 1000) ++batches;
+  });
+  ASSERT_TRUE(in_time) << "the planner walked the epochs past the timeline one by one";
+  EXPECT_LE(batches, 1u);
+}
+
+// The world a cursor carries is bounded like a request's (a cursor is checked, not signed).
+TEST(BoundedWork, ACursorsWorldIsBounded) {
+  SmallDataset data;
+  StreamRequest r;
+  Cursor c;
+  c.data_hash = IndexHash(data.dataset->index());
+  c.world = 1u << 20;
+  r.resume = EncodeCursor(c);
+  auto resolved = ResolveStream(*data.dataset, r);
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(resolved.status().message(), "cursor says world 1048576: it must be between 1 and 65536");
 }
 
 }  // namespace

@@ -365,7 +365,7 @@ void CheckResumeEverywhere(const Index& index, const PlannerOptions& o) {
     ASSERT_TRUE(decoded.ok()) << decoded.status();
     ASSERT_TRUE(decoded->state == batches[k].after);
     auto q = Planner::Create(&index, o);
-    auto seek_status = (*q)->Seek(decoded->state);
+    auto seek_status = (*q)->Resume(decoded->state);  // as a resume does: checked first
     ASSERT_TRUE(seek_status.ok()) << seek_status << " after batch " << k;
     for (size_t j = k + 1; j < batches.size(); ++j) {
       auto b = (*q)->Next();
@@ -410,6 +410,50 @@ TEST(Resume, FromEveryBatchBoundaryTruncated) {
   o.parallel = 3;
   o.epochs = 2;
   CheckResumeEverywhere(index, o);
+}
+
+TEST(Resume, FromEveryBatchBoundaryFullMinibatchesAndSequences) {
+  Index index = MakeIndex(90, 3, 7, 4);  // sequences of several samples
+  PlannerOptions o = Randomized(3, 2, 13);
+  o.epochs = 4;
+  o.full_minibatches = true;  // minibatches that run past their epoch's end
+  o.epoch_size = 101;
+  CheckResumeEverywhere(index, o);
+  o.full_minibatches = false;
+  CheckResumeEverywhere(index, o);
+}
+
+// A cursor is checked, not signed: one edited so that its epoch, batch number and place on
+// the timeline disagree is refused (it would label batches wrongly or wrap their numbers).
+TEST(Resume, ACursorThatDisagreesWithItselfIsRefused) {
+  Index index = MakeIndex(120, 4, 9, 1);
+  PlannerOptions o = Randomized(5, 3, 11);
+  o.epochs = 3;
+  auto p = Planner::Create(&index, o);
+  std::vector<PlannedBatch> batches;
+  RunPlanner(p->get(), &batches);
+  ASSERT_GT(batches.size(), 3u);
+  const CursorState good = batches[2].after;  // epoch 0, batch 3
+  auto resume = [&](const CursorState& s) {
+    auto q = Planner::Create(&index, o);
+    return (*q)->Resume(s);
+  };
+  EXPECT_TRUE(resume(good).ok());
+  CursorState s = good;
+  s.epoch = 2;  // sweep 0's place labelled epoch 2
+  EXPECT_EQ(resume(s).code(), absl::StatusCode::kInvalidArgument);
+  s = good;
+  s.batch = UINT64_MAX;  // more batches than samples before it
+  EXPECT_EQ(resume(s).code(), absl::StatusCode::kInvalidArgument);
+  s = good;
+  s.sweep = 2;  // two sweeps on, still "epoch 0"
+  EXPECT_EQ(resume(s).code(), absl::StatusCode::kInvalidArgument);
+  s = good;
+  s.sweep = UINT64_MAX;
+  EXPECT_EQ(resume(s).code(), absl::StatusCode::kInvalidArgument);
+  s = good;
+  s.epoch = 4;
+  EXPECT_EQ(resume(s).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(Resume, ElasticResumeDeliversTheRemainderExactlyOnce) {
