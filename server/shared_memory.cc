@@ -9,8 +9,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -120,51 +124,102 @@ void FdServer::Forget(const std::string& token) {
   segments_.erase(token);
 }
 
+namespace {
+
+// Sends `fd` over the connected unix socket `c` (one byte of data, the descriptor beside it).
+void SendDescriptor(int c, int fd) {
+  char byte = 'S';
+  iovec iov{&byte, 1};
+  char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+  (void)!::sendmsg(c, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+}  // namespace
+
+// Connections are served side by side, each with one second in all to send its 16-byte
+// token (not per read: a peer dripping a byte a second held the one connection served before,
+// and every client's segment request waited behind it), and at most kMaxPending at once (the
+// oldest gives way to a new one). A wrong token gets the connection closed.
 void FdServer::Serve() {
+  using Clock = std::chrono::steady_clock;
+  constexpr size_t kMaxPending = 64;
+  constexpr auto kTokenDeadline = std::chrono::seconds(1);
+  struct Pending {
+    int fd;
+    std::string token;
+    Clock::time_point deadline;
+    bool failed = false;
+  };
+  std::deque<Pending> pending;  // oldest first
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (::poll(fds, wake_[0] >= 0 ? 2 : 1, -1) < 0) {
+    fds.clear();
+    fds.push_back({listen_fd_, POLLIN, 0});
+    const bool wakeable = wake_[0] >= 0;
+    if (wakeable) fds.push_back({wake_[0], POLLIN, 0});
+    const size_t first = fds.size();
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    int timeout_ms = -1;
+    if (!pending.empty()) {
+      const auto left = pending.front().deadline - Clock::now();  // the oldest ends first
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
-      return;
+      break;
     }
-    if (fds[1].revents) return;
-    const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    // A client has one second to send its token; a wrong token gets the connection closed.
-    timeval tv{1, 0};
-    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string token(16, '\0');
-    size_t got = 0;
-    while (got < token.size()) {
-      const ssize_t n = ::recv(c, token.data() + got, token.size() - got, 0);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
+    if (wakeable && fds[1].revents) break;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      if (fds[first + k].revents == 0) continue;
+      Pending& p = pending[k];
+      char buf[16];
+      const ssize_t n = ::recv(p.fd, buf, 16 - p.token.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        p.token.append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        p.failed = true;  // closed, or broken, before its token
+      }
     }
-    std::shared_ptr<ShmSegment> seg;
-    if (got == token.size()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = segments_.find(token);
-      if (it != segments_.end()) seg = it->second.lock();
+    const auto now = Clock::now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->token.size() == 16) {
+        std::shared_ptr<ShmSegment> seg;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto found = segments_.find(it->token);
+          if (found != segments_.end()) seg = found->second.lock();
+        }
+        if (seg) SendDescriptor(it->fd, seg->read_only_fd());
+      } else if (!it->failed && now < it->deadline) {
+        ++it;
+        continue;
+      }
+      ::close(it->fd);
+      it = pending.erase(it);
     }
-    if (seg) {
-      char byte = 'S';
-      iovec iov{&byte, 1};
-      char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      const int fd = seg->read_only_fd();
-      std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-      (void)!::sendmsg(c, &msg, MSG_NOSIGNAL);
+    if (fds[0].revents & POLLIN) {
+      const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c >= 0) {
+        if (pending.size() >= kMaxPending) {
+          ::close(pending.front().fd);
+          pending.pop_front();
+        }
+        pending.push_back(Pending{c, std::string(), Clock::now() + kTokenDeadline});
+      }
     }
-    ::close(c);
   }
+  for (const Pending& p : pending) ::close(p.fd);
 }
 
 }  // namespace conveyor

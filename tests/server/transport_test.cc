@@ -3,10 +3,16 @@
 #include "server/transports/transport.h"
 
 #include <grpcpp/support/byte_buffer.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -366,6 +372,93 @@ TEST(Transport, WithoutADeviceTheCudaAssemblerFallsBackAndNothingIsLocked) {
   auto d = (*t)->Reserve(0, 1000);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_FALSE(gpu::IsPageLocked((*d)->bytes.data(), (*d)->bytes.size()));
+}
+
+// A descriptor fetched from the FdServer at `path` with `token`, as a client does; -1 when
+// none comes (*waited: how long it took).
+int FetchDescriptor(const std::string& path, const std::string& token, std::chrono::milliseconds* waited) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = -1;
+  if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::send(c, token.data(), token.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(token.size())) {
+    timeval tv{5, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char byte;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    if (::recvmsg(c, &msg, 0) == 1) {
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      if (cm != nullptr && cm->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    }
+  }
+  ::close(c);
+  *waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  return fd;
+}
+
+// Peers that connect to the descriptor socket and send their token a byte at a time, or
+// nothing, hold no one up: each connection has one second in all, and they are served side by
+// side (one peer dripping a byte every 0.8 s held the only connection served, and every
+// subscriber's segment request waited behind it until it failed).
+TEST(FdServer, SlowAndSilentPeersDelayNoClient) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/fd.sock";
+  auto server = FdServer::Start(path);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto seg = ShmSegment::Create(4096);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  auto token = (*server)->Register(*seg);
+  ASSERT_TRUE(token.ok()) << token.status();
+  std::atomic<bool> stop{false};
+  auto connect = [&] {
+    const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    (void)!::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    return c;
+  };
+  std::vector<std::thread> peers;
+  for (int k = 0; k < 3; ++k) {
+    peers.emplace_back([&, k] {  // drip a byte every 150 ms, reconnecting when closed
+      int c = connect();
+      while (!stop) {
+        if (k == 0 || ::send(c, "x", 1, MSG_NOSIGNAL) != 1) {
+          if (k != 0) {
+            ::close(c);
+            c = connect();
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      }
+      ::close(c);
+    });
+  }
+  std::vector<int> silent;  // connected, never a byte
+  for (int k = 0; k < 8; ++k) silent.push_back(connect());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int round = 0; round < 6; ++round) {
+    std::chrono::milliseconds waited;
+    const int fd = FetchDescriptor(path, *token, &waited);
+    EXPECT_GE(fd, 0) << "round " << round;
+    EXPECT_LT(waited.count(), 500) << "round " << round;
+    if (fd >= 0) ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  std::chrono::milliseconds waited;
+  EXPECT_EQ(FetchDescriptor(path, std::string(16, 'w'), &waited), -1);  // a wrong token: closed
+  stop = true;
+  for (auto& t : peers) t.join();
+  for (int c : silent) ::close(c);
 }
 
 }  // namespace
