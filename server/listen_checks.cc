@@ -36,6 +36,12 @@ absl::StatusOr<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::st
   if (!SplitHostPort(listen, &host, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("listen address '", listen, "' needs a port (host:port)"));
   }
+  // getaddrinfo() takes "70000" and wraps it to 4464: a port is checked first.
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", listen, "': '", port.substr(0, 32), "' is not a TCP port (0 to 65535)"));
+  }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;

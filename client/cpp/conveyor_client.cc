@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cuda/ipc.h"
@@ -413,6 +414,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
     return absl::InvalidArgumentError("empty daemon address (expected host:port, unix:/path or dns:///name:port)");
   }
   if (addresses.size() > 64) return absl::InvalidArgumentError("at most 64 daemon addresses");
+  for (const std::string& a : addresses) {
+    // gRPC takes a port past 65535 and wraps it ("127.0.0.1:99999" dials port 34463).
+    if (absl::StartsWith(a, "unix:") || absl::StartsWith(a, "unix-abstract:")) continue;
+    const size_t colon = a.rfind(':');
+    if (colon == std::string::npos || a.find(']', colon) != std::string::npos) continue;
+    const std::string port = a.substr(colon + 1);
+    if (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos &&
+        (port.size() > 5 || std::stoul(port) > 65535)) {
+      return absl::InvalidArgumentError(absl::StrCat("daemon address '", a, "': ", port.substr(0, 32),
+                                                     " is not a TCP port (0 to 65535)"));
+    }
+  }
   grpc::ChannelArguments args;
   // A message holds a descriptor and at most one inline part (the daemon's parts are at most
   // 64 MiB); a batch of millions of pieces has a larger descriptor, within the batch limit.

@@ -75,6 +75,11 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([s.name for s in d.streams], ["features", "labels"])
         self.assertEqual(d.sequences, 1000)
 
+    def test_a_port_past_65535_is_refused_not_wrapped(self):
+        for address in ("127.0.0.1:99999", "[::1]:70000", "127.0.0.1:1,localhost:65536"):
+            with self.assertRaisesRegex(ValueError, "is not a TCP port"):
+                conveyor.Client(address)
+
     def test_unknown_dataset_is_not_found(self):
         with self.assertRaises(conveyor.ConveyorError) as e:
             next(iter(self.client.subscribe("nope")))

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import unittest
+import warnings
 import urllib.request
 
 import numpy as np
@@ -159,12 +160,31 @@ class TorchTest(unittest.TestCase):
                         self.assertEqual(len(seen), 2000)
                         self.assertEqual(len(set(seen)), 2000)
 
+    def test_set_epoch_back_from_a_loaded_state_warns(self):
+        # A checkpoint after an epoch's last batch stands in the next epoch; a loop restarted
+        # from the epoch it was saved in would read that epoch again: said, not silent.
+        ds = self.dataset()
+        batches = list(ds)  # epoch 0, whole
+        self.assertEqual(len(batches), 20)
+        state = ds.state_dict()
+        self.assertEqual(state["epoch"], 1)
+        resumed = self.dataset()
+        resumed.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resumed.set_epoch(1)  # where it stands: no warning
+        again = self.dataset()
+        again.load_state_dict(state)
+        with self.assertWarnsRegex(UserWarning, r"set_epoch\(0\) moves back .*ds.state_dict\(\)\['epoch'\]"):
+            again.set_epoch(0)
+
     def test_persistent_workers_are_refused_with_what_to_do(self):
-        loader = torch.utils.data.DataLoader(self.dataset(), batch_size=None, num_workers=2, persistent_workers=True)
-        self.assertEqual(sum(1 for _ in loader), 20)
-        with self.assertRaisesRegex(RuntimeError, "persistent_workers=False"):
-            for _ in loader:
-                pass
+        # At the first batch, not after a whole first epoch (hours into a real run).
+        for context in ("fork", "spawn"):
+            loader = torch.utils.data.DataLoader(self.dataset(), batch_size=None, num_workers=2,
+                                                 persistent_workers=True, multiprocessing_context=context)
+            with self.assertRaisesRegex(RuntimeError, "persistent_workers=False"):
+                next(iter(loader))
 
     def test_rank_and_world_come_from_the_environment(self):
         env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=os.path.join(BUILD, "python"))

@@ -759,6 +759,13 @@ class Client:
         self.addresses = [a.strip() for a in addresses if a.strip()]
         if not self.addresses:
             raise ValueError("no daemon address given")
+        for a in self.addresses:
+            # gRPC takes a port past 65535 and wraps it ("127.0.0.1:99999" dials port 34463).
+            if a.startswith(("unix:", "unix-abstract:")) or ":" not in a or "]" in a.rpartition(":")[2]:
+                continue
+            port = a.rpartition(":")[2]
+            if port.isdigit() and int(port) > 65535:
+                raise ValueError(f"daemon address '{a}': {port[:32]} is not a TCP port (0 to 65535)")
         self.address = self.addresses[0]
         self.max_batch_bytes = max_batch_bytes
         self.max_segment_bytes = max_segment_bytes

@@ -14,7 +14,7 @@ What a trainer gets, with the DataLoader habits it already has:
 - **Each sequence of an epoch exactly once**, with any `num_workers`: the DataLoader's
   workers share the trainer's stream by batches (worker w of W takes batches w, w + W, ...,
   which the daemon assembles for it alone), and the DataLoader hands them out in stream
-  order. `persistent_workers=True` is refused (its workers could not learn where the main
+  order. `persistent_workers=True` is refused at the first batch (its workers could not learn where the main
   process stopped).
 - **Ranks** from an initialized `torch.distributed` group, else `RANK`/`WORLD_SIZE`, else
   0 of 1; explicit `rank=`/`world=` win. `device="cuda"` means `cuda:$LOCAL_RANK`.
@@ -278,6 +278,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         self._receipts = {}           # its batches received here: index -> (cursor, epoch, end)
         self._yielded = 0             # its batches handed to the user (counted by _count_yields)
         self._worker_iterations = 0   # in a worker: iterations run (persistent workers refused)
+        self._persistent = False      # the DataLoader starting the workers keeps them (refused at once)
         # The main process's stream, open after an epoch ended, continued by the next
         # iteration if it starts where that one stopped: one subscription for all epochs,
         # so the daemon's parsed chunks and prefetch carry over (a new subscription per epoch
@@ -330,6 +331,9 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         if current is it:
             return
         _warn_if_fork_unsafe(it)
+        # Told to the workers (forked or pickled from here): they refuse at their first batch,
+        # not after a whole first epoch.
+        self._persistent = bool(getattr(it, "_persistent_workers", False))
         self.close()  # the workers subscribe by themselves
         self._commit()
         self._iteration += 1
@@ -367,6 +371,15 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         the stream already stands inside that epoch (a resumed state): then continue there."""
         self._commit()
         if self._position["epoch"] != epoch:
+            if self._position["cursor"] and epoch < self._position["epoch"]:
+                # A state saved after an epoch's last batch stands in the next epoch: a loop
+                # restarted from the epoch it was saved in would read that epoch again.
+                warnings.warn(
+                    f"set_epoch({epoch}) moves back from where the stream stands (epoch "
+                    f"{self._position['epoch']}, e.g. a state saved after the last batch of epoch "
+                    f"{self._position['epoch'] - 1}): epoch {epoch} is read again from its start. To "
+                    "continue where a checkpoint stopped, start the epoch loop at "
+                    "ds.state_dict()['epoch'] after load_state_dict()", stacklevel=2)
             self._position = {"cursor": "", "epoch": int(epoch)}
 
     def __getstate__(self):
@@ -423,7 +436,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
             self._iteration += 1
             start, stride, offset = dict(self._position), 1, 0
         else:
-            if self._worker_iterations > 0:
+            if self._worker_iterations > 0 or self._persistent:
                 raise RuntimeError(
                     "conveyor: ConveyorDataset cannot run in persistent DataLoader workers: a worker would not "
                     "know where the main process stopped, and could repeat or skip batches. Use "
