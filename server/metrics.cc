@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <exception>
+#include <string>
+#include <vector>
 
 namespace conveyor {
 
@@ -23,7 +25,11 @@ Metrics::Metrics()
 
 int Metrics::Serve(const std::string& address) {
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address);
+    // CivetWeb serves a connection per thread and waits 30 s by default for a request's
+    // headers: with its default of 2 threads, two connections that sent half a request kept
+    // every scrape out for half a minute. More threads, and 3 s to send a request.
+    exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "16", "request_timeout_ms", "3000"});
     exposer_->RegisterCollectable(registry_);
     auto ports = exposer_->GetListeningPorts();
     return ports.empty() ? 0 : ports.front();

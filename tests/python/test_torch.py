@@ -178,6 +178,25 @@ class TorchTest(unittest.TestCase):
         with self.assertWarnsRegex(UserWarning, r"set_epoch\(0\) moves back .*ds.state_dict\(\)\['epoch'\]"):
             again.set_epoch(0)
 
+    def test_half_requests_do_not_keep_scrapes_out(self):
+        # Two connections that send half a request held both of the metrics server's threads
+        # for its 30 s request timeout: every scrape waited.
+        import socket
+        host, port = self.metrics.rsplit(":", 1)
+        stalled = []
+        for _ in range(4):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # no end of headers
+            stalled.append(s)
+        try:
+            t0 = time.monotonic()
+            text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=10).read().decode()
+            self.assertIn("conveyor_active_streams", text)
+            self.assertLess(time.monotonic() - t0, 2.0)
+        finally:
+            for s in stalled:
+                s.close()
+
     def test_persistent_workers_are_refused_with_what_to_do(self):
         # At the first batch, not after a whole first epoch (hours into a real run).
         for context in ("fork", "spawn"):
