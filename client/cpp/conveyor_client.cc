@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cuda/ipc.h"
 #include "proto/inline_wire.h"
@@ -375,7 +376,17 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
     // A broken stream (daemon gone, draining): resume from the last cursor received, on the
     // next daemon; back off once every daemon has been tried.
     const int limit = options_.max_reconnects * static_cast<int>(channels_.size());
-    if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= limit) return st;
+    if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= limit) {
+      if (absl::IsUnavailable(st) && absl::StrContains(st.message(), "failed to connect")) {
+        // gRPC's own words name the address but not what to check.
+        return absl::UnavailableError(absl::StrCat("cannot reach a daemon at ", absl::StrJoin(addresses_, ","),
+                                                   " (is conveyord running and listening there?",
+                                                   options_.reconnect ? absl::StrCat(" tried ", reconnects_ + 1, " times")
+                                                                      : std::string(),
+                                                   "): ", st.message()));
+      }
+      return st;
+    }
     ++reconnects_;
     Cancel();
     if (channels_.size() > 1) {

@@ -668,7 +668,39 @@ absl::StatusOr<Config> ParseConfig(std::string_view text, const std::string& sou
   return config;
 }
 
+namespace {
+
+// Whether `head` (a file's first bytes) looks like a data file given where a configuration
+// was expected: binary bytes (CBF, a Kaldi ark, HTK features), or CTF text ('|' fields).
+bool LooksLikeData(std::string_view head) {
+  head = head.substr(0, 4096);
+  if (head.find('\0') != std::string_view::npos) return true;
+  const std::string_view line = head.substr(0, head.find('\n'));
+  const size_t bar = line.find('|');
+  if (bar == std::string_view::npos) return false;
+  for (char c : line.substr(0, bar)) {  // "|x ..." or "12 |x ...": a sequence id before it at most
+    if (!(c == ' ' || c == '\t' || (c >= '0' && c <= '9') || c == '\xEF' || c == '\xBB' || c == '\xBF')) return false;
+  }
+  return true;
+}
+
+std::string DataFileHint(const std::string& path) {
+  return absl::StrCat(" (", path, " looks like a data file, not a configuration: give the YAML (or CNTK reader ",
+                      "block) that names it, e.g. conveyor dump examples/conveyor.yaml --dataset simple)");
+}
+
+}  // namespace
+
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  // A data file given where the configuration goes is not read whole to say so.
+  auto stamp = StatFile(path);
+  if (stamp.ok() && stamp->size > kMaxConfigBytes) {
+    std::string head(4096, '\0');
+    auto file = MappedFile::Open(path);
+    if (file.ok()) head = std::string((*file)->bytes().substr(0, 4096));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": configuration is larger than ", kMaxConfigBytes, " bytes",
+                                                   LooksLikeData(head) ? DataFileHint(path) : std::string()));
+  }
   auto text = ReadFileToString(path);
   if (!text.ok()) {
     // "PATH: cannot open: why" -> "PATH: cannot open configuration: why"
@@ -679,7 +711,11 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   std::string dir;
   size_t slash = path.rfind('/');
   if (slash != std::string::npos) dir = path.substr(0, slash + 1);
-  return ParseConfig(*text, path, dir);
+  auto config = ParseConfig(*text, path, dir);
+  if (!config.ok() && LooksLikeData(*text)) {
+    return absl::Status(config.status().code(), absl::StrCat(config.status().message(), DataFileHint(path)));
+  }
+  return config;
 }
 
 }  // namespace conveyor

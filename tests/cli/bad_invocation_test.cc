@@ -132,10 +132,15 @@ class BadInvocation : public ::testing::Test {
                                                "/a.ctf\n    input: {features: {dim: 2, format: dense}}\n");
     missing_data_ = dir_.Write("missing.yaml", "datasets:\n  a:\n    file: /nonexistent/a.ctf\n    input: {f: {dim: 2, format: dense}}\n");
     not_a_socket_ = dir_.Write("not-a-socket", "");
+    // A data file where the configuration goes: small, and larger than a configuration may be.
+    std::string big_ctf;
+    while (big_ctf.size() <= (1u << 20)) big_ctf += "12 |x 1 2 3 |y 0:1\n";
+    big_ctf_ = dir_.Write("big.ctf", big_ctf);
     ::mkdir((dir_.path() + "/adir").c_str(), 0700);
   }
 
   TempDir dir_;
+  std::string big_ctf_;
   std::string examples_, yaml_syntax_, json_syntax_, brainscript_, wrong_type_, not_bool_, range_, zero_dim_, typo_,
       top_typo_, server_typo_, alias_loop_, alias_bomb_, long_path_, long_ctf_, missing_data_, not_a_socket_;
 };
@@ -169,6 +174,10 @@ TEST_F(BadInvocation, ConveyorEndsWithOneLineAndStatusOneOrTwo) {
       {{"dump", long_ctf_}, 1, "File name too long"},
       {{"dump", missing_data_}, 1, "/nonexistent/a.ctf"},
       {{"dump", examples_, "--dataset", "nope"}, 1, "has no dataset 'nope'"},
+      {{"dump", std::string(CONVEYOR_SOURCE_DIR) + "/examples/simple.ctf"},
+       1,
+       "simple.ctf looks like a data file, not a configuration"},
+      {{"inspect", big_ctf_}, 1, "configuration is larger than 1048576 bytes (" + big_ctf_ + " looks like a data file"},
       {{"dump", examples_, "--dataset", "simple", "--resume", "garbage"}, 1, "cursor"},
       {{"dump", examples_, "--dataset", "simple", "--resume", "cv1.AAAA"}, 1, "cursor"},
       {{"dump", examples_, "--dataset", "simple", "--randomize", "maybe"}, 1, "--randomize expects on or off"},

@@ -154,11 +154,11 @@ TEST(DaemonStartup, SocketModeIsConfigurableAndSetBeforeServing) {
 
 TEST(DaemonStartup, SigtermWhileLoadingStopsAtOnce) {
   TempDir dir;
-  // A data file that is a FIFO nobody writes: opening it blocks the load forever.
-  const std::string fifo = dir.path() + "/data.ctf";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  const std::string config =
-      dir.Write("fifo.yaml", "datasets:\n  f:\n    file: " + fifo + "\n    input: {x: {dim: 1, format: dense}}\n");
+  // A Kaldi table read from a command that says nothing for 20 s: the load waits on it.
+  // (A FIFO as the data file did this before; it is refused at once now.)
+  const std::string config = dir.Write(
+      "pipe.yaml", "datasets:\n  f:\n    type: KaldiTable\n    rspecifier: \"ark:sleep 20 |\"\n    allowPipes: true\n"
+                   "    input: {x: {}}\n");
   Daemon d(dir.path(), {config, "--listen", "127.0.0.1:0", "--no-unix"});
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   d.Stop(SIGTERM);
