@@ -44,21 +44,50 @@ FileStamp StampOf(const struct stat& st) {
 // The faults the SIGBUS handler repaired: a count, and the addresses of the last kFaultRing
 // (written by the handler, which may take no lock; read under the registry's lock).
 constexpr size_t kFaultRing = 4096;
-std::atomic<uint64_t> g_faults{0};
+std::atomic<uint64_t> g_reserved{0};  // slots taken by handlers
+std::atomic<uint64_t> g_faults{0};    // slots written: every one below it holds its address
 std::array<std::atomic<uintptr_t>, kFaultRing> g_fault_addresses{};
 struct sigaction g_previous_sigbus;
 
+// The ranges of live file mappings, for the handler, which may take no lock: [begin, end)
+// pairs in slots below g_ranges_used, a free slot's begin 0. Written under the registry's
+// lock (end before begin, begin cleared first); about one slot a mapping, and a process
+// cannot hold many more mappings than this (vm.max_map_count, 65530 by default). A mapping
+// that finds no slot is read unguarded, as before this handler.
+constexpr size_t kRangeSlots = size_t{1} << 16;
+struct RangeSlot {
+  std::atomic<uintptr_t> begin{0}, end{0};
+};
+RangeSlot g_ranges[kRangeSlots];
+std::atomic<size_t> g_ranges_used{0};
+
+// Whether `addr` lies in a live file mapping (MappedFile): a fault elsewhere (a device's
+// mapping, a segment of shared memory) is not this handler's to hide.
+bool InFileMapping(uintptr_t addr) {
+  const size_t used = g_ranges_used.load(std::memory_order_acquire);
+  for (size_t i = 0; i < used; ++i) {
+    const uintptr_t b = g_ranges[i].begin.load(std::memory_order_acquire);
+    if (b != 0 && addr >= b && addr < g_ranges[i].end.load(std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
 void OnSigbus(int sig, siginfo_t* info, void* context) {
-  if (info != nullptr && info->si_code == BUS_ADRERR) {
+  if (info != nullptr && info->si_code == BUS_ADRERR && InFileMapping(reinterpret_cast<uintptr_t>(info->si_addr))) {
     // A read of a mapping past the end of its file: zeros for that page (the read goes on and
     // the fault is counted, for CheckReads()). mmap is a plain system call here.
     const long page = ::sysconf(_SC_PAGESIZE);
     const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
     void* at = reinterpret_cast<void*>(addr / static_cast<uintptr_t>(page) * static_cast<uintptr_t>(page));
     if (::mmap(at, static_cast<size_t>(page), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
-      const uint64_t n = g_faults.load(std::memory_order_relaxed);
-      g_fault_addresses[n % kFaultRing].store(addr, std::memory_order_relaxed);
-      g_faults.fetch_add(1, std::memory_order_release);
+      // A slot of its own (two threads may fault at once), published in order: a reader that
+      // sees the count also sees every address below it.
+      const uint64_t k = g_reserved.fetch_add(1, std::memory_order_relaxed);
+      g_fault_addresses[k % kFaultRing].store(addr, std::memory_order_relaxed);
+      uint64_t expected = k;
+      while (!g_faults.compare_exchange_weak(expected, k + 1, std::memory_order_release, std::memory_order_relaxed)) {
+        expected = k;  // an earlier slot's handler has not published yet
+      }
       return;
     }
   }
@@ -72,7 +101,10 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
     g_previous_sigbus.sa_handler(sig);
     return;
   }
-  ::signal(SIGBUS, SIG_DFL);  // the faulting read runs again and ends the process as before
+  // The default action: raised again (delivered when this returns: SIGBUS is blocked in its
+  // handler), so that one sent with kill(2) ends the process too rather than being lost.
+  ::signal(SIGBUS, SIG_DFL);
+  ::raise(SIGBUS);
 }
 
 void InstallSigbusHandler() {
@@ -93,7 +125,36 @@ void InstallSigbusHandler() {
 struct MappingRegistry {
   std::mutex mu;
   std::map<uintptr_t, MappedFile*> by_address;  // guarded by mu
+  std::map<uintptr_t, size_t> slot_of;           // the handler's range slot of each; guarded by mu
+  std::vector<size_t> free_slots;                // below g_ranges_used; guarded by mu
   uint64_t faults_read = 0;                      // faults already attributed; guarded by mu
+
+  void Add(MappedFile* f, uintptr_t begin, size_t size) {
+    Attribute();  // faults so far belong to the mappings before this one
+    by_address[begin] = f;
+    size_t slot = kRangeSlots;
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else if (g_ranges_used.load(std::memory_order_relaxed) < kRangeSlots) {
+      slot = g_ranges_used.load(std::memory_order_relaxed);
+    }
+    if (slot == kRangeSlots) return;  // no slot: read unguarded
+    g_ranges[slot].end.store(begin + size, std::memory_order_relaxed);
+    g_ranges[slot].begin.store(begin, std::memory_order_release);
+    if (slot == g_ranges_used.load(std::memory_order_relaxed)) g_ranges_used.store(slot + 1, std::memory_order_release);
+    slot_of[begin] = slot;
+  }
+  void Remove(uintptr_t begin) {
+    Attribute();  // a fault in this mapping is not to be given to the next one at its address
+    by_address.erase(begin);
+    auto it = slot_of.find(begin);
+    if (it == slot_of.end()) return;
+    g_ranges[it->second].begin.store(0, std::memory_order_release);
+    g_ranges[it->second].end.store(0, std::memory_order_relaxed);
+    free_slots.push_back(it->second);
+    slot_of.erase(it);
+  }
 
   static MappingRegistry& Get() {
     static MappingRegistry* r = new MappingRegistry;  // never destroyed: mappings outlive statics
@@ -104,15 +165,16 @@ struct MappingRegistry {
   void Attribute() {
     const uint64_t n = g_faults.load(std::memory_order_acquire);
     if (n == faults_read) return;
-    if (n - faults_read > kFaultRing) {
+    if (n - faults_read > kFaultRing) {  // the ring lost some: every file's size now, too
       for (auto& [begin, f] : by_address) {
         struct stat st;
         if (::stat(f->path_.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) < f->size_) {
           f->cut_at_ = std::min<uint64_t>(f->cut_at_, static_cast<uint64_t>(st.st_size));
         }
       }
-    } else {
-      for (uint64_t k = faults_read; k < n; ++k) {
+    }
+    {
+      for (uint64_t k = n - std::min<uint64_t>(n - faults_read, kFaultRing); k < n; ++k) {
         const uintptr_t addr = g_fault_addresses[k % kFaultRing].load(std::memory_order_relaxed);
         auto it = by_address.upper_bound(addr);
         if (it == by_address.begin()) continue;
@@ -172,6 +234,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   // O_NONBLOCK: opening a FIFO would wait for a writer (it is refused below); no effect on
   // reads of a regular file.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0 && errno == EWOULDBLOCK) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);  // a lease: wait for it
   if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -191,6 +254,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
                                               : "not a regular file";
     return absl::InvalidArgumentError(absl::StrCat(path, ": is ", what, ", expected a data file (a regular file)"));
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // (kept for Read(): blocking reads)
   const size_t size = static_cast<size_t>(st.st_size);
   const char* data = "";
   if (size > 0) {
@@ -211,7 +275,7 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     InstallSigbusHandler();
     MappingRegistry& r = MappingRegistry::Get();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.by_address[reinterpret_cast<uintptr_t>(data)] = f.get();
+    r.Add(f.get(), reinterpret_cast<uintptr_t>(data), size);
   }
   return f;
 }
@@ -220,8 +284,7 @@ MappedFile::~MappedFile() {
   if (size_ > 0) {
     MappingRegistry& r = MappingRegistry::Get();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.Attribute();  // a fault in this mapping is not to be given to the next one at its address
-    r.by_address.erase(reinterpret_cast<uintptr_t>(data_));
+    r.Remove(reinterpret_cast<uintptr_t>(data_));
   }
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);

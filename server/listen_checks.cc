@@ -37,8 +37,9 @@ absl::StatusOr<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::st
     return absl::InvalidArgumentError(absl::StrCat("listen address '", listen, "' needs a port (host:port)"));
   }
   // getaddrinfo() takes "70000" and wraps it to 4464: a port is checked first.
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) > 65535) {
+  const size_t digits = port.find_first_not_of('0');  // leading zeros are not a port's size
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+      (digits != std::string::npos && (port.size() - digits > 5 || std::stoul(port.substr(digits)) > 65535))) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen address '", listen, "': '", port.substr(0, 32), "' is not a TCP port (0 to 65535)"));
   }

@@ -210,6 +210,11 @@ void FdServer::Serve() {
     }
     if (fds[0].revents & POLLIN) {
       const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+        // Out of descriptors: the connection stays queued and the socket readable; wait a
+        // little rather than spin on it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
       if (c >= 0) {
         if (pending.size() >= kMaxPending) {
           ::close(pending.front().fd);

@@ -431,8 +431,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
     const size_t colon = a.rfind(':');
     if (colon == std::string::npos || a.find(']', colon) != std::string::npos) continue;
     const std::string port = a.substr(colon + 1);
-    if (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos &&
-        (port.size() > 5 || std::stoul(port) > 65535)) {
+    const size_t digits = port.find_first_not_of('0');  // leading zeros are not a port's size
+    if (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos && digits != std::string::npos &&
+        (port.size() - digits > 5 || std::stoul(port.substr(digits)) > 65535)) {
       return absl::InvalidArgumentError(absl::StrCat("daemon address '", a, "': ", port.substr(0, 32),
                                                      " is not a TCP port (0 to 65535)"));
     }

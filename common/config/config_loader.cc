@@ -695,7 +695,7 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
   // A data file given where the configuration goes is not read whole to say so.
   auto stamp = StatFile(path);
   if (stamp.ok() && stamp->size > kMaxConfigBytes) {
-    std::string head(4096, '\0');
+    std::string head;
     auto file = MappedFile::Open(path);
     if (file.ok()) head = std::string((*file)->bytes().substr(0, 4096));
     return absl::InvalidArgumentError(absl::StrCat(path, ": configuration is larger than ", kMaxConfigBytes, " bytes",

@@ -114,8 +114,10 @@ absl::Status Planner::Resume(const CursorState& state) {
     }
     const uint64_t at = state.sweep * total + state.sample_in_sweep;
     const uint64_t epoch_begin = SaturatingMul(state.epoch, epoch_size_);
+    // (No upper bound on `at`: a sequence longer than an epoch, or a full minibatch, ends
+    // past the next epoch's end while the cursor moves on by one epoch.)
     if (state.epoch > options_.epochs || at < epoch_begin ||
-        (options_.truncation == 0 && (at > SaturatingMul(state.epoch + 1, epoch_size_) || state.batch > at - epoch_begin))) {
+        (options_.truncation == 0 && state.batch > at - epoch_begin)) {
       return absl::InvalidArgumentError(absl::StrCat("cursor says epoch ", state.epoch, ", batch ", state.batch,
                                                      " at sample ", at, ", which do not agree for this stream"));
     }

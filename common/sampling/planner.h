@@ -101,8 +101,8 @@ class Planner {
   // not fit the index (segment, offset or slots out of range).
   absl::Status Seek(const CursorState& state);
   // Seek() to a cursor's state from outside (a resume), which must also agree with itself and
-  // with this stream: its epoch not past the last, its place on the timeline inside its epoch
-  // and, but in truncated BPTT, no more batches before it in its epoch than samples.
+  // with this stream: its epoch not past the last, its place on the timeline not before its
+  // epoch's start and, but in truncated BPTT, no more batches before it in its epoch than samples.
   absl::Status Resume(const CursorState& state);
 
   // Starts at the first minibatch of epoch `epoch` (< options().epochs), from the start.

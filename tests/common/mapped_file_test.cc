@@ -3,9 +3,14 @@
 // file no longer holds the range, and none without a descriptor kept for it.
 #include "common/mapped_file.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -87,6 +92,34 @@ TEST(MappedFile, AReadOfTheMappingPastTheEndOfAFileCutShortIsReportedNotASigbus)
   auto again = MappedFile::Open(path);
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(MappedFile::CheckReads({path}).ok());
+}
+
+// The handler hides faults in MappedFile's mappings only: one in any other mapping of a file
+// cut short (a device's, another library's) and a SIGBUS sent with kill(2) end the process
+// as they did before it was installed.
+TEST(MappedFileDeathTest, OtherSigbusesKeepTheirDefaultAction) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  TempDir dir;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const std::string path = dir.Write("raw.bin", Pattern(4 * page));
+  auto installed = MappedFile::Open(dir.Write("any.bin", "x"));  // the handler is in place
+  ASSERT_TRUE(installed.ok());
+  EXPECT_EXIT(
+      {
+        const int fd = ::open(path.c_str(), O_RDONLY);
+        const volatile char* p =
+            static_cast<const char*>(::mmap(nullptr, 4 * page, PROT_READ, MAP_PRIVATE, fd, 0));
+        (void)!::ftruncate(::open(path.c_str(), O_WRONLY), page);
+        std::printf("%d\n", p[3 * page]);  // past the end, not a MappedFile's: SIGBUS
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
+  EXPECT_EXIT(
+      {
+        ::kill(::getpid(), SIGBUS);
+        std::exit(0);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }
 
 // Data comes from regular files: a FIFO would wait for a writer forever and a device would

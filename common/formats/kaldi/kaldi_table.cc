@@ -394,6 +394,9 @@ absl::Status KaldiTable::ReadScp(const std::string& path, const TableOptions& op
     if (options.progress && (line_no & 1023) == 0) options.progress(lines.offset(), text.size());
   }
   if (options.progress) options.progress(text.size(), text.size());
+  // The scp's mapping goes when this returns: a read of it past the end of a file cut short
+  // meanwhile is reported now (MappedFile::CheckReads), not parsed as zeros.
+  RETURN_IF_ERROR(MappedFile::CheckReads({scp->path()}));
   if (entries_.empty() && unopened > 0) {
     // Every file the table names is missing: a path rule, not bad data; one error says which.
     return absl::NotFoundError(absl::StrCat(
