@@ -130,8 +130,10 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a, bool in_process) {
       ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
   cmd->add_option("--rank", a->rank, "This reader's rank among --world readers (default 0)");
   cmd->add_option("--world", a->world,
-                  "Number of readers sharing each minibatch (default 1). Each gets the sequences of "
-                  "every w-th randomized chunk; all get the same number of minibatches. With --resume, "
+                  "Number of readers sharing each minibatch (default 1). Each gets its share of every "
+                  "minibatch (--distribution: balanced, within one sequence of minibatch/world, or CNTK's "
+                  "chunks, every w-th randomized chunk's sequences); all get the same number of minibatches. "
+                  "With --resume, "
                   "a different --world re-partitions the rest of the epoch (elastic resume)")
       ->check(CLI::Range(1u, kMaxWorld));
   cmd->add_option("--minibatch-mode", a->minibatch_mode,
