@@ -125,7 +125,6 @@ void InstallSigbusHandler() {
 struct MappingRegistry {
   std::mutex mu;
   std::map<uintptr_t, MappedFile*> by_address;  // guarded by mu
-  std::map<uintptr_t, size_t> slot_of;           // the handler's range slot of each; guarded by mu
   std::vector<size_t> free_slots;                // below g_ranges_used; guarded by mu
   uint64_t faults_read = 0;                      // faults already attributed; guarded by mu
 
@@ -143,17 +142,15 @@ struct MappingRegistry {
     g_ranges[slot].end.store(begin + size, std::memory_order_relaxed);
     g_ranges[slot].begin.store(begin, std::memory_order_release);
     if (slot == g_ranges_used.load(std::memory_order_relaxed)) g_ranges_used.store(slot + 1, std::memory_order_release);
-    slot_of[begin] = slot;
+    f->range_slot_ = slot;
   }
-  void Remove(uintptr_t begin) {
+  void Remove(MappedFile* f, uintptr_t begin) {
     Attribute();  // a fault in this mapping is not to be given to the next one at its address
     by_address.erase(begin);
-    auto it = slot_of.find(begin);
-    if (it == slot_of.end()) return;
-    g_ranges[it->second].begin.store(0, std::memory_order_release);
-    g_ranges[it->second].end.store(0, std::memory_order_relaxed);
-    free_slots.push_back(it->second);
-    slot_of.erase(it);
+    if (f->range_slot_ == SIZE_MAX) return;
+    g_ranges[f->range_slot_].begin.store(0, std::memory_order_release);
+    g_ranges[f->range_slot_].end.store(0, std::memory_order_relaxed);
+    free_slots.push_back(f->range_slot_);
   }
 
   static MappingRegistry& Get() {
@@ -284,7 +281,7 @@ MappedFile::~MappedFile() {
   if (size_ > 0) {
     MappingRegistry& r = MappingRegistry::Get();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.Remove(reinterpret_cast<uintptr_t>(data_));
+    r.Remove(this, reinterpret_cast<uintptr_t>(data_));
   }
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
   if (fd_ >= 0) ::close(fd_);

@@ -86,6 +86,7 @@ class MappedFile {
   const int fd_;  // -1 unless opened `readable`
   // The first offset read past the file's end (UINT64_MAX: none), under the registry's lock.
   uint64_t cut_at_ = UINT64_MAX;
+  size_t range_slot_ = SIZE_MAX;  // its range in the SIGBUS handler's table (SIZE_MAX: none)
 };
 
 }  // namespace conveyor

@@ -1,5 +1,6 @@
 """The Python client and the torch IterableDataset against a real conveyord (port 0)."""
 
+import contextlib
 import json
 import os
 import re
@@ -668,66 +669,61 @@ class FrozenDaemonTest(unittest.TestCase):
 
 
 class FailoverTest(unittest.TestCase):
-    def test_a_killed_daemon_fails_over_to_the_replica(self):
+    @contextlib.contextmanager
+    def two_daemons(self):
+        """Two replicas (process, address) on the bundled examples; both gone afterwards."""
         with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
             a, a_address = start_daemon(a_dir)
             b, b_address = start_daemon(b_dir)
             try:
-                client = conveyor.Client([a_address, b_address])
-                keys = []
-                sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True)
-                for n, batch in enumerate(sub):
-                    keys.extend(batch.keys())
-                    if n == 3:
-                        self.assertEqual(sub.address_index, 0)
-                        a.kill()
-                        a.wait(timeout=30)
-                self.assertEqual(sub.address_index, 1)
-                self.assertEqual(len(keys), 2000)
-                self.assertEqual(len(set(keys)), 2000)
-                self.assertIn("sparse", client.list_datasets())  # unary calls skip the dead one
-                client.close()
+                yield (a, a_address), (b, b_address)
             finally:
                 for p in (a, b):
                     if p.poll() is None:
                         p.kill()
                     p.wait(timeout=30)
                     p.stderr.close()
+
+    def test_a_killed_daemon_fails_over_to_the_replica(self):
+        with self.two_daemons() as ((a, a_address), (_, b_address)):
+            client = conveyor.Client([a_address, b_address])
+            keys = []
+            sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True)
+            for n, batch in enumerate(sub):
+                keys.extend(batch.keys())
+                if n == 3:
+                    self.assertEqual(sub.address_index, 0)
+                    a.kill()
+                    a.wait(timeout=30)
+            self.assertEqual(sub.address_index, 1)
+            self.assertEqual(len(keys), 2000)
+            self.assertEqual(len(set(keys)), 2000)
+            self.assertIn("sparse", client.list_datasets())  # unary calls skip the dead one
+            client.close()
 
     def test_failover_keeps_a_batch_stride_and_a_first_epoch(self):
         # A DataLoader worker's share (every second batch) from epoch 1 on: the resumed stream
         # starts after the last batch handed out, so the client asks for the batch `stride`
         # on from there, and no first epoch next to the cursor (the daemon refuses both).
-        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
-            a, a_address = start_daemon(a_dir)
-            b, b_address = start_daemon(b_dir)
-            try:
-                def read(client, kill_after=None):
-                    got = []
-                    sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True, epochs=3,
-                                           first_epoch=1, batch_stride=2, batch_offset=1)
-                    for batch in sub:
-                        got.append((batch.epoch, batch.index, tuple(batch.keys())))
-                        if kill_after is not None and len(got) == kill_after:
-                            kill_after_proc.kill()
-                            kill_after_proc.wait(timeout=30)
-                    return got
-                kill_after_proc = a
-                alone = conveyor.Client(b_address)
-                expected = read(alone)
-                alone.close()
-                self.assertEqual([(e, i) for e, i, _ in expected],
-                                 [(e, i) for e in (1, 2) for i in range(1, 20, 2)])
-                client = conveyor.Client([a_address, b_address])
-                self.assertEqual(read(client, kill_after=5), expected)
-                client.close()
-            finally:
-                for p in (a, b):
-                    if p.poll() is None:
-                        p.kill()
-                    p.wait(timeout=30)
-                    p.stderr.close()
-
+        with self.two_daemons() as ((a, a_address), (_, b_address)):
+            def read(client, kill_after=None):
+                got = []
+                sub = client.subscribe("sparse", minibatch_size=100, seed=4, randomize=True, epochs=3,
+                                       first_epoch=1, batch_stride=2, batch_offset=1)
+                for batch in sub:
+                    got.append((batch.epoch, batch.index, tuple(batch.keys())))
+                    if kill_after is not None and len(got) == kill_after:
+                        a.kill()
+                        a.wait(timeout=30)
+                return got
+            alone = conveyor.Client(b_address)
+            expected = read(alone)
+            alone.close()
+            self.assertEqual([(e, i) for e, i, _ in expected],
+                             [(e, i) for e in (1, 2) for i in range(1, 20, 2)])
+            client = conveyor.Client([a_address, b_address])
+            self.assertEqual(read(client, kill_after=5), expected)
+            client.close()
 
 if __name__ == "__main__":
     unittest.main()

@@ -17,6 +17,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
+#include "client/cpp/shared_segment.h"
 #include "server/shared_memory.h"
 #include "server/transports/inline_transport.h"
 #include "server/transports/pooled_transport.h"
@@ -374,37 +375,6 @@ TEST(Transport, WithoutADeviceTheCudaAssemblerFallsBackAndNothingIsLocked) {
   EXPECT_FALSE(gpu::IsPageLocked((*d)->bytes.data(), (*d)->bytes.size()));
 }
 
-// A descriptor fetched from the FdServer at `path` with `token`, as a client does; -1 when
-// none comes (*waited: how long it took).
-int FetchDescriptor(const std::string& path, const std::string& token, std::chrono::milliseconds* waited) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  int fd = -1;
-  if (::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::send(c, token.data(), token.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(token.size())) {
-    timeval tv{5, 0};
-    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    char byte;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    if (::recvmsg(c, &msg, 0) == 1) {
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      if (cm != nullptr && cm->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-    }
-  }
-  ::close(c);
-  *waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  return fd;
-}
-
 // Peers that connect to the descriptor socket and send their token a byte at a time, or
 // nothing, hold no one up: each connection has one second in all, and they are served side by
 // side (one peer dripping a byte every 0.8 s held the only connection served, and every
@@ -446,16 +416,20 @@ TEST(FdServer, SlowAndSilentPeersDelayNoClient) {
   std::vector<int> silent;  // connected, never a byte
   for (int k = 0; k < 8; ++k) silent.push_back(connect());
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Fetched and mapped as the client does (MapSharedSegment).
+  v1::SharedMemorySegment announced;
+  announced.set_bytes(4096);
+  announced.set_token(*token);
+  announced.set_fd_socket(path);
   for (int round = 0; round < 6; ++round) {
-    std::chrono::milliseconds waited;
-    const int fd = FetchDescriptor(path, *token, &waited);
-    EXPECT_GE(fd, 0) << "round " << round;
-    EXPECT_LT(waited.count(), 500) << "round " << round;
-    if (fd >= 0) ::close(fd);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto mapped = MapSharedSegment(announced);
+    EXPECT_TRUE(mapped.ok()) << "round " << round << ": " << mapped.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500)) << "round " << round;
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
-  std::chrono::milliseconds waited;
-  EXPECT_EQ(FetchDescriptor(path, std::string(16, 'w'), &waited), -1);  // a wrong token: closed
+  announced.set_token(std::string(16, 'w'));  // a wrong token: closed, no descriptor
+  EXPECT_FALSE(MapSharedSegment(announced).ok());
   stop = true;
   for (auto& t : peers) t.join();
   for (int c : silent) ::close(c);
