@@ -11,11 +11,14 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/hash.h"
 
 namespace conveyor {
 namespace {
@@ -32,6 +35,17 @@ absl::Status ErrnoStatus(int err, const std::string& what, const std::string& pa
     default:
       return absl::InternalError(msg);
   }
+}
+
+// "2026-11-29 21:58:13.123456789 UTC" (what a person compares with `ls --full-time`).
+std::string FormatMtime(int64_t ns) {
+  const time_t sec = static_cast<time_t>(ns / 1000000000LL);
+  struct tm tm;
+  char buf[64];
+  if (::gmtime_r(&sec, &tm) == nullptr || std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm) == 0) {
+    return absl::StrCat(ns, " ns");
+  }
+  return absl::StrFormat("%s.%09d UTC", buf, static_cast<int>(ns % 1000000000LL));
 }
 
 FileStamp StampOf(const struct stat& st) {
@@ -304,7 +318,34 @@ absl::Status MappedFile::Read(uint64_t offset, uint64_t length, char* out) const
     }
     done += static_cast<uint64_t>(n);
   }
+  // Rewritten in place since it was opened (same size or not): the bytes just read may be the
+  // new file's, which the index made at open does not describe. A write updates the mtime
+  // before it copies its bytes, so a read that saw any new byte sees the new mtime here.
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
+  const FileStamp now = StampOf(st);
+  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) {
+    return absl::DataLossError(absl::StrCat(
+        path_, ": the file was changed after it was opened (", stamp_.size, " bytes, modified ",
+        FormatMtime(stamp_.mtime_ns), "; now ", now.size, " bytes, modified ", FormatMtime(now.mtime_ns),
+        "): its index no longer describes it. Open it again to index it again (restart the command or "
+        "conveyord), and replace a data file by renaming a new one over it, not by rewriting it in place"));
+  }
   return absl::OkStatus();
+}
+
+uint64_t MappedFile::SampleHash() const {
+  // Up to kSamples pieces of kPiece bytes, the first at the start, the last at the end and the
+  // rest evenly between (a small file: all of it). Read through the mapping: a page fault
+  // each, a few microseconds in all.
+  constexpr uint64_t kSamples = 16, kPiece = 4096;
+  uint64_t h = Mix64(0x5a3c9e1fd4b27a61ull, size_);
+  if (size_ <= kSamples * kPiece) return Hash64(data_, size_, h);
+  for (uint64_t i = 0; i < kSamples; ++i) {
+    const uint64_t at = (size_ - kPiece) / (kSamples - 1) * i;
+    h = Hash64(data_ + (i + 1 == kSamples ? size_ - kPiece : at), kPiece, h);
+  }
+  return h;
 }
 
 void MappedFile::WillNeed(uint64_t offset, uint64_t length, bool populate) const {

@@ -15,7 +15,11 @@ namespace conveyor {
 struct FileStamp {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
-  bool operator==(const FileStamp& o) const { return size == o.size && mtime_ns == o.mtime_ns; }
+  // MappedFile::SampleHash() where a cache keeps it (the index cache); 0 where not asked.
+  uint64_t sample_hash = 0;
+  bool operator==(const FileStamp& o) const {
+    return size == o.size && mtime_ns == o.mtime_ns && sample_hash == o.sample_hash;
+  }
 };
 
 // Returns the size and modification time of `path`; NotFound / PermissionDenied otherwise.
@@ -56,8 +60,16 @@ class MappedFile {
   // a first touch of each mapped page costs about 2 us: 3-4x the copy). Errors:
   // FailedPrecondition (not opened `readable`), DataLoss when the file now ends before the
   // range does (it was changed after it was opened: no SIGBUS as through the mapping),
-  // Internal for an I/O error; each names the path and the range. Thread-safe.
+  // Internal for an I/O error; each names the path and the range. DataLoss too when the file's
+  // size or mtime is no longer what it was when opened (rewritten in place: the bytes read may
+  // be the new file's). Thread-safe.
   absl::Status Read(uint64_t offset, uint64_t length, char* out) const;
+
+  // A hash of the file's size and of 16 pieces of 4 KiB spread over it (all of a file of 64
+  // KiB or less): what an index cache keeps beside the size and mtime, so that a file
+  // rewritten with its size and mtime kept (`touch -r`, `cp --preserve`, rewritten within one
+  // tick of the kernel's clock) is not read with the old file's index. Reads the mapping.
+  uint64_t SampleHash() const;
 
   // A file cut short after it was mapped (rewritten in place, truncated) would make a read of
   // its mapping past the new end raise SIGBUS and kill the process. Instead, the first Open()

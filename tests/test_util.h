@@ -80,7 +80,7 @@ std::vector<std::string> Tokens(const std::string& text);
 
 // A data file cut short after its dataset was opened: opens `config` (one file of two or more
 // chunks), cuts the file to `keep` bytes past the start of its last chunk, and parses chunk 0
-// (which must still parse) and then the last one. Returns the last one's status (*last: its
+// (which must be refused as a file changed since it was opened) and then the last one. Returns the last one's status (*last: its
 // index entry), or Internal when the setup itself failed.
 absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint64_t keep, ChunkEntry* last);
 

@@ -19,15 +19,16 @@ namespace conveyor {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'V', 'Y', 'I', 'D', 'X', '\0', '\1'};
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 // Records per checksummed block: 1 MiB, small enough to check while in the CPU's cache and
 // to share among threads, large enough that the block sums are a small table (24 KB at 10^8).
 constexpr uint32_t kBlockRecords = 32768;
 // A reader accepts other block sizes up to this (a later writer may choose another).
 constexpr uint32_t kMaxBlockRecords = 1u << 24;
 
-// Version 3 had the same first 56 bytes (magic and version at the same place), so an old
-// cache is told apart by its version and refused as stale.
+// Versions 3 and 4 had the same first 56 bytes (magic and version at the same place), so an
+// old cache is told apart by its version and refused as stale. Version 5 keeps the data
+// file's sample hash where version 4 had a zero.
 struct Header {
   char magic[8];
   uint32_t version;
@@ -40,7 +41,7 @@ struct Header {
   uint32_t kept_lines;
   uint32_t block_records;
   uint64_t content_hash;
-  uint64_t reserved;
+  uint64_t data_sample_hash;
 };
 static_assert(sizeof(Header) == 80, "cache header layout");
 static_assert(sizeof(Header) % alignof(SequenceEntry) == 0 &&
@@ -173,6 +174,7 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
   h.flags = index.keys_are_line_numbers ? 1u : 0u;
   h.data_size = data_stamp.size;
   h.data_mtime_ns = data_stamp.mtime_ns;
+  h.data_sample_hash = data_stamp.sample_hash;
   h.config_hash = config_hash;
   h.num_sequences = records.size();
   h.error_count = index.errors.count;
@@ -254,6 +256,10 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
     return absl::FailedPreconditionError(
         absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
+  }
+  if (h.data_sample_hash != data_stamp.sample_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        cache_path, ": stale index cache (the data file's contents changed, its size and mtime kept)"));
   }
   if (h.config_hash != config_hash) {
     return absl::FailedPreconditionError(

@@ -1,22 +1,23 @@
 // index_cache.h: the on-disk index cache (cacheIndex: true). A cache file stores the
-// sequence records of an Index with the data file's size and mtime and a hash of the
-// configuration that shaped the index; it is used only when all three match and its
-// checksums verify. Chunks are not stored: they are rebuilt with the current chunk size.
+// sequence records of an Index with the data file's size, mtime and sample hash (16 pieces
+// of 4 KiB: MappedFile::SampleHash, so a file rewritten with its size and mtime kept is
+// caught too) and a hash of the configuration that shaped the index; it is used only when all
+// of them match and its checksums verify. Chunks are not stored: they are rebuilt with the current chunk size.
 // A loaded index uses the records in place: they are borrowed from a read-only mapping of
 // the cache file (SequenceTable), so opening costs no copy and no fresh memory, and the file
 // is only ever replaced by a rename, never rewritten in place.
 //
-// Layout, version 4 (native byte order, little-endian on the machines we build for):
-//   "CVYIDX\0\1" magic, u32 version (4), u32 flags (bit 0: keys are line numbers),
+// Layout, version 5 (native byte order, little-endian on the machines we build for):
+//   "CVYIDX\0\1" magic, u32 version (5), u32 flags (bit 0: keys are line numbers),
 //   u64 data size, i64 data mtime (ns), u64 config hash, u64 sequence count, u64 error count,
 //   u32 kept errors, u32 records per block (B), u64 content hash (Index::content_hash),
-//   u64 zero                                                   -- 80 bytes
+//   u64 data sample hash (FileStamp::sample_hash)              -- 80 bytes
 //   IndexError[kept errors]                                    -- 32 bytes each
 //   SequenceEntry[sequence count]                              -- 32 bytes each, 8-aligned
 //   u64 block sum[ceil(count / B)]: a checksum of each block of B records and its number
 //   u64 checksum: Hash64 over the header, the errors and the block sums
-// Version 3 (no block sums; the content hash recomputed at every load) is refused as stale
-// (FailedPrecondition) and the caller rebuilds, as for any stale cache.
+// Versions 3 (no block sums; the content hash recomputed at every load) and 4 (no sample
+// hash) are refused as stale (FailedPrecondition) and the caller rebuilds, as for any stale cache.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ absl::Status WriteIndexCache(const std::string& cache_path, const Index& index,
                              const FileStamp& data_stamp, uint64_t config_hash);
 
 // Reads a cache. Returns std::nullopt when there is no cache; FailedPrecondition when it is
-// stale (other size, mtime or configuration, or another format version); DataLoss when it is
+// stale (other size, mtime, sample hash or configuration, or another format version); DataLoss when it is
 // truncated or corrupt (a block of records failing its checksum, a record outside the data
 // file or overlapping the previous one: the message names the record and its byte offset);
 // PermissionDenied when it cannot be opened or mapped. The caller rebuilds in every non-ok

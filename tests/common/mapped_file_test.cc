@@ -48,12 +48,94 @@ TEST(MappedFile, ReadPastTheEndOfAFileCutShortIsDataLossNamingTheFile) {
   ASSERT_TRUE(f.ok()) << f.status();
   ASSERT_EQ(::truncate(path.c_str(), 6000), 0);
   std::string out(5000, '\0');
-  EXPECT_TRUE((*f)->Read(1000, 5000, out.data()).ok());
+  // Within what is left: the bytes are there, but the file is no longer the one indexed.
+  const absl::Status left = (*f)->Read(1000, 5000, out.data());
+  EXPECT_EQ(left.code(), absl::StatusCode::kDataLoss) << left;
+  EXPECT_NE(left.message().find("cut.bin: the file was changed after it was opened (10000 bytes"), std::string::npos)
+      << left;
   const absl::Status st = (*f)->Read(5000, 5000, out.data());
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("cut.bin: the file ends at byte 6000, before byte 10000"), std::string::npos) << st;
   EXPECT_NE(st.message().find("10000 bytes when opened"), std::string::npos) << st;
   EXPECT_EQ((*f)->Read(20000, 1, out.data()).code(), absl::StatusCode::kDataLoss);
+}
+
+// Sets the file's mtime to `sec` seconds (and `nsec`) since the epoch.
+void SetMtime(const std::string& path, time_t sec, long nsec) {
+  struct timespec times[2] = {{sec, nsec}, {sec, nsec}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+// Rewritten in place with its size kept (a generator run again over the same path): a read
+// returns the new bytes, which the index made at open does not describe. DataLoss naming the
+// file, both stamps and what to do, instead of parsing them as the old file's.
+TEST(MappedFile, ReadOfAFileRewrittenInPlaceIsDataLoss) {
+  TempDir dir;
+  const std::string bytes = Pattern(10000);
+  const std::string path = dir.Write("same.bin", bytes);
+  SetMtime(path, 1700000000, 5);
+  auto f = MappedFile::Open(path, /*readable=*/true);
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::string out(100, '\0');
+  ASSERT_TRUE((*f)->Read(0, 100, out.data()).ok());
+  {
+    std::string changed = bytes;
+    changed[50] ^= 1;
+    FILE* w = std::fopen(path.c_str(), "r+b");  // in place: the same inode, the same size
+    ASSERT_NE(w, nullptr);
+    ASSERT_EQ(std::fwrite(changed.data(), 1, changed.size(), w), changed.size());
+    ASSERT_EQ(std::fclose(w), 0);
+  }
+  SetMtime(path, 1700000000, 6);  // one nanosecond later: any change of the mtime counts
+  const absl::Status st = (*f)->Read(0, 100, out.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("same.bin: the file was changed after it was opened (10000 bytes, modified "
+                              "2023-11-14 22:13:20.000000005 UTC; now 10000 bytes, modified 2023-11-14 "
+                              "22:13:20.000000006 UTC)"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("renaming a new one over it"), std::string::npos) << st;
+}
+
+// Replaced the way docs/ctf.md asks (a new file renamed over the path): the descriptor still
+// reads the file opened, unchanged, which its index describes.
+TEST(MappedFile, AFileRenamedOverTheOneOpenedIsNoChange) {
+  TempDir dir;
+  const std::string bytes = Pattern(10000);
+  const std::string path = dir.Write("kept.bin", bytes);
+  auto f = MappedFile::Open(path, /*readable=*/true);
+  ASSERT_TRUE(f.ok()) << f.status();
+  const std::string fresh = dir.Write("fresh.bin", Pattern(20000).substr(5000, 10000));
+  ASSERT_EQ(std::rename(fresh.c_str(), path.c_str()), 0);
+  std::string out(10000, '\0');
+  ASSERT_TRUE((*f)->Read(0, 10000, out.data()).ok());
+  EXPECT_EQ(out, bytes);
+}
+
+// The sample hash: the same for the same bytes, another when any sampled piece or the size
+// differs; a small file is hashed whole.
+TEST(MappedFile, SampleHashSeesChangedPiecesAndSizes) {
+  TempDir dir;
+  const std::string big = Pattern(1 << 20);
+  auto hash_of = [&](const std::string& name, const std::string& bytes) -> uint64_t {
+    auto f = MappedFile::Open(dir.Write(name, bytes));
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f.ok() ? (*f)->SampleHash() : 0;
+  };
+  const uint64_t h = hash_of("a", big);
+  EXPECT_EQ(hash_of("b", big), h);
+  const uint64_t piece_gap = ((1 << 20) - 4096) / 15;
+  for (uint64_t at : {uint64_t{0}, uint64_t{4095}, piece_gap, 7 * piece_gap + 100, uint64_t{(1 << 20) - 1}}) {
+    std::string changed = big;
+    changed[at] ^= 0x40;
+    EXPECT_NE(hash_of("c", changed), h) << "byte " << at;
+  }
+  EXPECT_NE(hash_of("d", big + "x"), h);
+  std::string small = Pattern(60000);
+  const uint64_t hs = hash_of("e", small);
+  small[33333] ^= 1;  // anywhere in a small file
+  EXPECT_NE(hash_of("f", small), hs);
+  EXPECT_NE(hash_of("g", ""), hash_of("h", std::string(1, '\0')));
 }
 
 // A read of the mapping itself past the end of a file cut short: a SIGBUS would end the

@@ -55,9 +55,11 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
 
   const uint64_t hash = CtfIndexConfigHash(io);
   bool loaded = false;
+  FileStamp stamp = file_->stamp();
   if (context.dataset.cache_index) {
+    stamp.sample_hash = file_->SampleHash();
     cache_path_ = IndexCachePath(d.file, hash);
-    auto cached = ReadIndexCache(cache_path_, file_->stamp(), hash, io.threads);
+    auto cached = ReadIndexCache(cache_path_, stamp, hash, io.threads);
     if (cached.ok() && cached->has_value()) {
       index_ = std::move(**cached);
       index_.BuildChunks(d.chunk_size_in_bytes);
@@ -77,7 +79,7 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
     DropPages(0, total);  // what the scan touched of the mapping; chunks are read (ReadChunk)
     index_.ComputeContentHash();
     if (context.dataset.cache_index) {
-      absl::Status w = WriteIndexCache(cache_path_, index_, file_->stamp(), hash);
+      absl::Status w = WriteIndexCache(cache_path_, index_, stamp, hash);
       if (!w.ok()) diagnostics_->Report(Severity::kWarning, "index cache", absl::StrCat(w.message(), " (continuing without a cache)"));
     }
   }

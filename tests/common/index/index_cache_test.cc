@@ -1,11 +1,14 @@
-// The index cache file, format version 4: records used in place from the mapping (SequenceTable),
+// The index cache file, format version 5: records used in place from the mapping (SequenceTable),
 // block checksums, and every way a cache file can be wrong (flipped bytes, truncation, records
 // past the data's end, an older format version): refused with DataLoss or FailedPrecondition,
 // never a crash, never wrong data.
 #include "common/index/index_cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -62,7 +65,7 @@ Index WriteAndRead(const std::string& path, const Index& index, uint64_t data_si
   return std::move(**read);
 }
 
-TEST(IndexCacheV4, LoadedRecordsAreUsedInPlace) {
+TEST(IndexCacheV5, LoadedRecordsAreUsedInPlace) {
   TempDir dir;
   const Index index = MakeIndex(1000);
   const std::string path = dir.path() + "/x.cvyidx";
@@ -84,7 +87,7 @@ TEST(IndexCacheV4, LoadedRecordsAreUsedInPlace) {
 
 // The content hash of a known index, as every build since the format began computes it: a
 // cursor written by an older build names this value, so it must not change.
-TEST(IndexCacheV4, ContentHashValueIsStable) {
+TEST(IndexCacheV5, ContentHashValueIsStable) {
   Index index;
   index.sequences.push_back({7, 0, 0, 12, 2});
   index.sequences.push_back({9, 12, 2, 30, 5});
@@ -95,7 +98,7 @@ TEST(IndexCacheV4, ContentHashValueIsStable) {
   EXPECT_EQ(WriteAndRead(path, index, 42).content_hash, 0xbd3e53d02906c125ull);
 }
 
-TEST(IndexCacheV4, EmptyIndexRoundTrips) {
+TEST(IndexCacheV5, EmptyIndexRoundTrips) {
   TempDir dir;
   Index index;
   index.ComputeContentHash();
@@ -107,7 +110,7 @@ TEST(IndexCacheV4, EmptyIndexRoundTrips) {
 
 // Flipping any one byte of a small cache, anywhere (header, errors, records, block sums,
 // checksum), is refused.
-TEST(IndexCacheV4, EveryFlippedByteIsRefused) {
+TEST(IndexCacheV5, EveryFlippedByteIsRefused) {
   TempDir dir;
   const Index index = MakeIndex(5);
   const std::string path = dir.path() + "/x.cvyidx";
@@ -126,7 +129,7 @@ TEST(IndexCacheV4, EveryFlippedByteIsRefused) {
 }
 
 // A flipped byte in the records of a middle block: DataLoss naming that block's records.
-TEST(IndexCacheV4, FlippedByteInTheRecordsNamesTheBlock) {
+TEST(IndexCacheV5, FlippedByteInTheRecordsNamesTheBlock) {
   TempDir dir;
   const Index index = MakeIndex(100000);  // blocks of 32768: three full, one partial
   const std::string path = dir.path() + "/x.cvyidx";
@@ -145,7 +148,7 @@ TEST(IndexCacheV4, FlippedByteInTheRecordsNamesTheBlock) {
       << msg;
 }
 
-TEST(IndexCacheV4, TruncatedOrExtendedFileIsRefused) {
+TEST(IndexCacheV5, TruncatedOrExtendedFileIsRefused) {
   TempDir dir;
   const Index index = MakeIndex(40000);
   const std::string path = dir.path() + "/x.cvyidx";
@@ -170,7 +173,7 @@ TEST(IndexCacheV4, TruncatedOrExtendedFileIsRefused) {
 
 // Records with good checksums that would send a reader out of bounds: refused, naming the
 // record and where it is in the cache file.
-TEST(IndexCacheV4, RecordPastTheDataEndIsRefused) {
+TEST(IndexCacheV5, RecordPastTheDataEndIsRefused) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   struct Case {
@@ -204,7 +207,7 @@ TEST(IndexCacheV4, RecordPastTheDataEndIsRefused) {
 
 // A record past the data's end in a late block, checked by another thread than the first:
 // still found, and the earliest problem is the one reported.
-TEST(IndexCacheV4, ProblemsInLateBlocksAreFoundOnEveryThread) {
+TEST(IndexCacheV5, ProblemsInLateBlocksAreFoundOnEveryThread) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   const uint64_t n = 32768 * 40;  // 40 blocks: two threads' worth
@@ -225,7 +228,7 @@ TEST(IndexCacheV4, ProblemsInLateBlocksAreFoundOnEveryThread) {
 
 // A version-3 cache (what builds before this format wrote): refused as stale with a message
 // that says so, never misread.
-TEST(IndexCacheV4, OldVersionIsRefusedAsStale) {
+TEST(IndexCacheV5, OldVersionIsRefusedAsStale) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   const Index index = MakeIndex(3);
@@ -238,14 +241,14 @@ TEST(IndexCacheV4, OldVersionIsRefusedAsStale) {
   const std::string msg = Load(path, 30, &st);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(msg.find("index cache format version 3 (written by an older conveyor), this build "
-                     "reads version 4"),
+                     "reads version 5"),
             std::string::npos)
       << msg;
 }
 
 // Another process replaces the cache (a new file renamed over it) while an index uses the old
 // one in place: the index keeps the old records, unchanged, even after the file is deleted.
-TEST(IndexCacheV4, ReplacedCacheLeavesALoadedIndexIntact) {
+TEST(IndexCacheV5, ReplacedCacheLeavesALoadedIndexIntact) {
   TempDir dir;
   const std::string path = dir.path() + "/x.cvyidx";
   const Index first = MakeIndex(70000);
@@ -302,7 +305,7 @@ TEST(SequenceTable, BorrowedTableDetachesOnWrite) {
 // Through a Dataset: the second open uses the cache in place, reading every chunk keeps it in
 // place (the read path never writes to the index), and what the loader delivers is the same
 // as from a freshly built index.
-TEST(IndexCacheV4, DatasetReadsTheCacheInPlace) {
+TEST(IndexCacheV5, DatasetReadsTheCacheInPlace) {
   TempDir dir;
   std::string text;
   for (int i = 0; i < 3000; ++i)
@@ -335,6 +338,49 @@ TEST(IndexCacheV4, DatasetReadsTheCacheInPlace) {
   ASSERT_TRUE(from_cache.ok()) << from_cache.status();
   ASSERT_TRUE(built.ok()) << built.status();
   EXPECT_EQ(*from_cache, *built);
+}
+
+// The data file rewritten with the same size and its mtime put back (`touch -r`, a copy
+// with --preserve, or a rewrite within one tick of the kernel's clock): the size and mtime
+// match the cache, its sample hash does not, and the index is built again from the new file,
+// whose sequences lie elsewhere. (Read with the old records, the new file's lines would be
+// cut at the old offsets.)
+TEST(IndexCacheV5, ARewriteThatKeepsSizeAndMtimeIsStale) {
+  TempDir dir;
+  std::string before, after;
+  for (int i = 0; i < 600; ++i) before += std::to_string(i) + " |a " + std::to_string(i % 10) + "\n";
+  for (int i = 0; after.size() < before.size(); ++i) after += std::to_string(i) + " |a 12345\n";
+  after.resize(before.size() - 1);
+  after += "\n";
+  const std::string data = dir.Write("d.ctf", before);
+  struct timespec times[2] = {{1700000000, 0}, {1700000000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, data.c_str(), times, 0), 0);
+  DatasetConfig config = CtfDataset(data, "{a: {dim: 1, format: dense}}", "cacheIndex: true");
+  {
+    auto ds = Dataset::Open(config);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    ASSERT_EQ((*ds)->index_source(), IndexSource::kBuilt);
+    ASSERT_EQ((*ds)->index().sequences.size(), 600u);
+  }
+  {
+    FILE* w = std::fopen(data.c_str(), "r+b");
+    ASSERT_NE(w, nullptr);
+    ASSERT_EQ(std::fwrite(after.data(), 1, after.size(), w), after.size());
+    ASSERT_EQ(std::fclose(w), 0);
+  }
+  ASSERT_EQ(::utimensat(AT_FDCWD, data.c_str(), times, 0), 0);
+  auto ds = Dataset::Open(config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->index_source(), IndexSource::kRebuiltStaleCache);
+  auto fresh = Dataset::Open(CtfDataset(data, "{a: {dim: 1, format: dense}}"));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ((*ds)->index().sequences.size(), (*fresh)->index().sequences.size());
+  EXPECT_EQ((*ds)->index().content_hash, (*fresh)->index().content_hash);
+  // And the cache written then serves the next open.
+  auto again = Dataset::Open(config);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->index_source(), IndexSource::kCache);
+  EXPECT_EQ((*again)->index().content_hash, (*fresh)->index().content_hash);
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 // The CTF reader against CNTK's page "BrainScript CNTK Text Format Reader": every
 // example decoded exactly, every invalid example refused at the right line, and each rule.
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -373,6 +377,39 @@ TEST_F(CtfReader, AFileCutShortAfterOpeningIsAnErrorNotACrash) {
                                ", before byte " + std::to_string(last.end_offset)),
             std::string::npos)
       << cut;
+}
+
+// Rewritten in place with its size kept while open (a generator run again over the path):
+// the next chunk read is refused as DataLoss naming the file, never parsed with the old
+// file's sequence offsets (which would cut the new lines at the wrong places).
+TEST_F(CtfReader, AFileRewrittenInPlaceWhileOpenIsAnError) {
+  std::string before, after;
+  for (int i = 0; i < 300; ++i) before += std::to_string(i) + " |a " + std::to_string(i) + "\n";
+  while (after.size() < before.size()) after += "7 |a 1234567\n";
+  after.resize(before.size() - 1);
+  after += "\n";
+  const std::string path = dir_.Write("same.ctf", before);
+  DatasetConfig config = CtfDataset(path, "{a: {dim: 1, format: dense}}");
+  config.deserializers[0].chunk_size_in_bytes = 500;
+  auto ds = Dataset::Open(config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  ASSERT_TRUE((*ds)->ParseChunk(0).ok());
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  FILE* w = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(std::fwrite(after.data(), 1, after.size(), w), after.size());
+  ASSERT_EQ(std::fclose(w), 0);
+  struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ++times[1].tv_sec;  // (a write within the same tick of the kernel's clock keeps the mtime)
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  for (uint64_t c : {uint64_t{0}, uint64_t{1}}) {
+    auto chunk = (*ds)->ParseChunk(c);
+    ASSERT_FALSE(chunk.ok()) << "chunk " << c;
+    EXPECT_EQ(chunk.status().code(), absl::StatusCode::kDataLoss) << chunk.status();
+    EXPECT_NE(chunk.status().message().find("same.ctf: the file was changed after it was opened"), std::string::npos)
+        << chunk.status();
+  }
 }
 
 TEST_F(CtfReader, SameOutputForAnyThreadCountAndMinibatchSize) {
