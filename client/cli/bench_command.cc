@@ -92,7 +92,7 @@ double MemchrScanSeconds(std::string_view bytes) {
 // From a daemon: the batches a subscription receives, timed.
 int RunBenchRemote(const BenchArgs& args) {
   auto request = args.stream.ToRequest();
-  if (!request.ok()) return Fail(request.status());
+  if (!request.ok()) return FailUsage("bench", request.status());
   auto client = Client::Connect(args.config);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
@@ -140,6 +140,7 @@ double CpuSeconds(clockid_t clock) {
 }
 
 int RunBench(const BenchArgs& args) {
+  if (auto request = args.stream.ToRequest(); !request.ok()) return FailUsage("bench", request.status());
 #ifdef CONVEYOR_HAVE_SERVICE
   struct stat st;
   if (::stat(args.config.c_str(), &st) != 0 &&

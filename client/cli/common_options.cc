@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/progress.h"
 #include "common/batch/dump_writer.h"
+#include "common/cli/command_line.h"
 #include "common/config/config_loader.h"
 #include "cuda/cuda_backend.h"
 
@@ -13,7 +14,13 @@ namespace conveyor::cli {
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "conveyor: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return kExitFailure;
+}
+
+int FailUsage(const std::string& command, const absl::Status& status) {
+  std::fprintf(stderr, "conveyor %s: %s; see 'conveyor %s --help'\n", command.c_str(),
+               std::string(status.message()).c_str(), command.c_str());
+  return kExitUsage;
 }
 
 absl::StatusOr<Config> LoadConfig(const std::string& path) {
@@ -113,6 +120,18 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
   r.first_epoch = first_epoch;
   r.batch_stride = batch_stride;
   r.batch_offset = batch_offset;
+  // What the command line alone decides (a resume cursor may carry the rank and world).
+  if (rank && world && *rank >= *world) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank ", *rank, " must be below --world ", *world,
+                                                   " (ranks count from 0)"));
+  }
+  if (rank && *rank > 0 && !world && resume.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank ", *rank, " needs --world (the number of readers, above it)"));
+  }
+  if (batch_offset >= batch_stride) {
+    return absl::InvalidArgumentError(absl::StrCat("--batch-offset ", batch_offset, " must be below --batch-stride ",
+                                                   batch_stride));
+  }
   return r;
 }
 

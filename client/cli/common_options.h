@@ -19,8 +19,12 @@
 
 namespace conveyor::cli {
 
-// Prints "conveyor: <message>" on stderr and returns 1.
+// Prints "conveyor: <message>" on stderr and returns 1 (kExitFailure).
 int Fail(const absl::Status& status);
+// A command line that cannot mean anything (options that contradict each other, a value
+// outside its words): prints "conveyor COMMAND: <message>; see 'conveyor COMMAND --help'" and
+// returns 2 (kExitUsage), as a parse error does.
+int FailUsage(const std::string& command, const absl::Status& status);
 
 // Loads `path` and prints its warnings.
 absl::StatusOr<Config> LoadConfig(const std::string& path);
@@ -59,6 +63,7 @@ struct StreamArgs {
   uint32_t batch_stride = 1, batch_offset = 0;
   std::string assembler = "cpu";     // cpu | cuda (falls back to cpu, saying why)
   int device = 0;
+  // Errors: InvalidArgument for what the command line alone gets wrong (a usage error).
   absl::StatusOr<StreamRequest> ToRequest() const;
 };
 // `in_process`: the command reads the dataset itself (dump, bench); otherwise (subscribe)

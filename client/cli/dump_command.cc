@@ -19,6 +19,7 @@ struct DumpArgs {
 };
 
 int RunDump(const DumpArgs& args) {
+  if (auto request = args.stream.ToRequest(); !request.ok()) return FailUsage("dump", request.status());
   auto stream = OpenStream(args.config, args.dataset, args.stream);
   if (!stream.ok()) return Fail(stream.status());
   Loader* loader = stream->loader.get();

@@ -32,7 +32,11 @@ struct SubscribeArgs {
 
 int RunSubscribe(const SubscribeArgs& args) {
   auto request = args.stream.ToRequest();
-  if (!request.ok()) return Fail(request.status());
+  if (!request.ok()) return FailUsage("subscribe", request.status());
+  if (args.transport != "inline" && args.transport != "shm" && args.transport != "shared-memory" &&
+      args.transport != "cuda") {
+    return FailUsage("subscribe", absl::InvalidArgumentError("--transport expects inline, shm or cuda"));
+  }
   ClientOptions co;
   if (!args.tls_ca.empty()) {
     auto roots = ReadFileToString(args.tls_ca);
@@ -54,7 +58,6 @@ int RunSubscribe(const SubscribeArgs& args) {
   s.set_initial_credits(args.credits);
   if (args.transport == "shm" || args.transport == "shared-memory") s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
   else if (args.transport == "cuda") s.set_transport(v1::TRANSPORT_CUDA_IPC);
-  else if (args.transport != "inline") return Fail(absl::InvalidArgumentError("--transport expects inline, shm or cuda"));
   std::vector<std::byte> host;  // --dump of device batches: copied to the host first
   SubscribeOptions so;
   so.reconnect = !args.no_reconnect;

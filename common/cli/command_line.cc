@@ -1,5 +1,7 @@
 #include "common/cli/command_line.h"
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -65,9 +67,38 @@ std::vector<std::string> Leftovers(CLI::App* app) {
   return out;
 }
 
+// CLI11 (2.3) reads an unsigned option with strtoull, which takes "-3" as 2^64 - 3 and a
+// number past 2^64 as 2^64 - 1: `--epoch-size -3` read for ever. Every unsigned option (CLI11
+// names their type UINT) is given this check first: decimal digits only, within 64 bits
+// (narrower types are range-checked by CLI11 itself).
+CLI::Validator WholeNumber() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        uint64_t v = 0;
+        const char* end = value.data() + value.size();
+        const auto [at, ec] = std::from_chars(value.data(), end, v);
+        if (!value.empty() && value[0] != '+' && ec == std::errc::result_out_of_range) {
+          return absl::StrCat("'", value, "' is too large (at most 18446744073709551615)");
+        }
+        if (value.empty() || ec != std::errc() || at != end) {
+          return absl::StrCat("expected a whole number (0, 1, 2, ...), got '", value, "'");
+        }
+        return std::string();
+      },
+      "", "whole number");
+}
+
+void CheckUnsignedOptions(CLI::App* app) {
+  for (CLI::Option* opt : app->get_options()) {
+    if (opt->get_type_name().rfind("UINT", 0) == 0) opt->check(WholeNumber());  // "UINT", "UINT:INT in [1 - 9]"
+  }
+  for (CLI::App* sub : app->get_subcommands([](const CLI::App*) { return true; })) CheckUnsignedOptions(sub);
+}
+
 }  // namespace
 
 std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
+  CheckUnsignedOptions(&app);
   try {
     app.parse(argc, argv);
     return std::nullopt;
