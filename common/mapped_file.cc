@@ -281,7 +281,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);  // The mapping keeps the file referenced.
     fd = -1;
   }
-  std::unique_ptr<MappedFile> f(new MappedFile(path, data, size, StampOf(st), fd));
+  std::unique_ptr<MappedFile> f(new MappedFile(path, data, size, StampOf(st), fd, static_cast<uint64_t>(st.st_dev),
+                                               static_cast<uint64_t>(st.st_ino)));
   if (size > 0) {
     InstallSigbusHandler();
     MappingRegistry& r = MappingRegistry::Get();
@@ -324,13 +325,29 @@ absl::Status MappedFile::Read(uint64_t offset, uint64_t length, char* out) const
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
   const FileStamp now = StampOf(st);
-  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) {
-    return absl::DataLossError(absl::StrCat(
-        path_, ": the file was changed after it was opened (", stamp_.size, " bytes, modified ",
-        FormatMtime(stamp_.mtime_ns), "; now ", now.size, " bytes, modified ", FormatMtime(now.mtime_ns),
-        "): its index no longer describes it. Open it again to index it again (restart the command or "
-        "conveyord), and replace a data file by renaming a new one over it, not by rewriting it in place"));
+  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) return ChangedError(now);
+  return absl::OkStatus();
+}
+
+absl::Status MappedFile::ChangedError(const FileStamp& now) const {
+  return absl::DataLossError(absl::StrCat(
+      path_, ": the file was changed after it was opened (", stamp_.size, " bytes, modified ",
+      FormatMtime(stamp_.mtime_ns), "; now ", now.size, " bytes, modified ", FormatMtime(now.mtime_ns),
+      "): its index no longer describes it. Open it again to index it again (restart the command or "
+      "conveyord), and replace a data file by renaming a new one over it, not by rewriting it in place"));
+}
+
+absl::Status MappedFile::CheckUnchanged() const {
+  struct stat st;
+  if (fd_ >= 0 ? ::fstat(fd_, &st) != 0 : ::stat(path_.c_str(), &st) != 0) {
+    // Deleted (or its directory made unreadable): the mapping keeps the file opened.
+    return absl::OkStatus();
   }
+  if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) {
+    return absl::OkStatus();  // another file renamed over the path: the mapping keeps ours
+  }
+  const FileStamp now = StampOf(st);
+  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) return ChangedError(now);
   return absl::OkStatus();
 }
 

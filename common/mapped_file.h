@@ -65,6 +65,13 @@ class MappedFile {
   // be the new file's). Thread-safe.
   absl::Status Read(uint64_t offset, uint64_t length, char* out) const;
 
+  // OK unless the file at path() is still the one opened (the same inode) and its size or
+  // mtime changed since: rewritten or cut in place, so that what its mapping reads may be the
+  // new file's, which the index made at open does not describe. Then DataLoss naming the file,
+  // both stamps and what to do. A file renamed over the path (the way to replace one) or
+  // deleted is no change: the mapping still reads the file opened. One stat(2).
+  absl::Status CheckUnchanged() const;
+
   // A hash of the file's size and of 16 pieces of 4 KiB spread over it (all of a file of 64
   // KiB or less): what an index cache keeps beside the size and mtime, so that a file
   // rewritten with its size and mtime kept (`touch -r`, `cp --preserve`, rewritten within one
@@ -88,14 +95,17 @@ class MappedFile {
   static absl::Status CheckReads(const std::vector<std::string>& paths);
 
  private:
-  MappedFile(std::string path, const char* data, size_t size, FileStamp stamp, int fd)
-      : path_(std::move(path)), data_(data), size_(size), stamp_(stamp), fd_(fd) {}
+  MappedFile(std::string path, const char* data, size_t size, FileStamp stamp, int fd, uint64_t dev, uint64_t ino)
+      : path_(std::move(path)), data_(data), size_(size), stamp_(stamp), fd_(fd), dev_(dev), ino_(ino) {}
+  // The message of a file changed since it was opened (its size and mtime now).
+  absl::Status ChangedError(const FileStamp& now) const;
   friend struct MappingRegistry;
   const std::string path_;
   const char* const data_;
   const size_t size_;
   const FileStamp stamp_;
   const int fd_;  // -1 unless opened `readable`
+  const uint64_t dev_, ino_;  // which file was opened (a path may name another one later)
   // The first offset read past the file's end (UINT64_MAX: none), under the registry's lock.
   uint64_t cut_at_ = UINT64_MAX;
   size_t range_slot_ = SIZE_MAX;  // its range in the SIGBUS handler's table (SIZE_MAX: none)

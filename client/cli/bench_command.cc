@@ -269,7 +269,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
                   "From a daemon: inline (default), shm (same host) or cuda (same host, batches assembled on "
                   "the daemon's GPU and opened here with CUDA IPC; bytes counted, not read)")
       ->check(CLI::IsMember({"inline", "shm", "cuda"}));
-  cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4)");
+  cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4, at most 64)")
+      ->check(CLI::Range(0u, 64u));
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }
 

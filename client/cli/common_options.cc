@@ -128,6 +128,14 @@ absl::StatusOr<StreamRequest> StreamArgs::ToRequest() const {
   if (rank && *rank > 0 && !world && resume.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--rank ", *rank, " needs --world (the number of readers, above it)"));
   }
+  if (first_epoch && resume.empty() && *first_epoch >= epochs) {
+    return absl::InvalidArgumentError(absl::StrCat("--first-epoch ", *first_epoch, " must be below --epochs ", epochs,
+                                                   " (epochs count from 0)"));
+  }
+  if (frame_mode && truncation > 0) {
+    return absl::InvalidArgumentError("--frame-mode and --truncation exclude each other (frames are one-sample "
+                                      "sequences; truncated BPTT cuts whole sequences into steps)");
+  }
   if (batch_offset >= batch_stride) {
     return absl::InvalidArgumentError(absl::StrCat("--batch-offset ", batch_offset, " must be below --batch-stride ",
                                                    batch_stride));

@@ -66,7 +66,8 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   cmd->add_option("--dataset", args->dataset, "Dataset of the configuration (may be left out when there is one)");
   cmd->add_option("--chunk-size", args->chunk_size, "Bytes of binary data per chunk (default 33554432)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
-  cmd->add_option("--threads", args->threads, "Threads for indexing the input (default: all cores)");
+  cmd->add_option("--threads", args->threads, "Threads for indexing the input (default 0: all cores)")
+      ->check(CLI::Range(0, 1024));
   cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
 }
 

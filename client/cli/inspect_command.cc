@@ -233,7 +233,7 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
       "counts them all and says what maxErrors would do. Exit status 1 when it found any.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to inspect (default: all of them)");
-  cmd->add_option("--threads", args->threads, "Threads for indexing and parsing (default 2)");
+  cmd->add_option("--threads", args->threads, "Threads for indexing and parsing (default 2)")->check(CLI::Range(0, 256));
   cmd->add_flag("--json", args->json, "Print one JSON array instead of text");
   cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
 }

@@ -121,7 +121,8 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
-  cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)");
+  cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)")
+      ->check(CLI::Range(0u, 64u));
   cmd->add_option("--transport", args->transport,
                   "inline (default: bytes in the messages), shm (same host: batches stay in the daemon's "
                   "shared-memory slots, only descriptors travel) or cuda (same host: assembled on the daemon's "

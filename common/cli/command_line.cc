@@ -1,8 +1,11 @@
 #include "common/cli/command_line.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -67,38 +70,63 @@ std::vector<std::string> Leftovers(CLI::App* app) {
   return out;
 }
 
-// CLI11 (2.3) reads an unsigned option with strtoull, which takes "-3" as 2^64 - 3 and a
-// number past 2^64 as 2^64 - 1: `--epoch-size -3` read for ever. Every unsigned option (CLI11
-// names their type UINT) is given this check first: decimal digits only, within 64 bits
-// (narrower types are range-checked by CLI11 itself).
-CLI::Validator WholeNumber() {
+// CLI11 reads an integer option with strtoull/strtoll in base 0: "-3" for an unsigned option
+// is 2^64 - 3 (`--epoch-size -3` read for ever), a number past 64 bits is the largest one,
+// "010" is 8 and "0x10" is 16. So every integer option (CLI11 names their types UINT and INT)
+// is checked first and handed on in one spelling: decimal digits (a '-' first for INT), no
+// leading zeros. Decimal-number options (FLOAT) must be finite: a NaN passes every range.
+std::string CanonicalInteger(std::string& value, bool is_signed) {
+  const bool negative = is_signed && !value.empty() && value[0] == '-';
+  const std::string_view digits = std::string_view(value).substr(negative ? 1 : 0);
+  const bool all_digits = !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  if (!all_digits) {
+    return absl::StrCat("expected a whole number in decimal", is_signed ? "" : " (0, 1, 2, ...)", ", got '", value, "'");
+  }
+  const size_t first = std::min(digits.find_first_not_of('0'), digits.size() - 1);
+  const std::string_view significant = digits.substr(first);
+  uint64_t v = 0;
+  const auto [at, ec] = std::from_chars(significant.data(), significant.data() + significant.size(), v);
+  if (ec == std::errc::result_out_of_range || (is_signed && v > (negative ? uint64_t{1} << 63 : INT64_MAX))) {
+    return absl::StrCat("'", value, "' is too large");
+  }
+  value = (negative && v != 0 ? "-" : "") + std::string(significant);
+  return std::string();
+}
+
+CLI::Validator WholeNumber(bool is_signed) {
+  return CLI::Validator([is_signed](std::string& value) { return CanonicalInteger(value, is_signed); }, "",
+                        is_signed ? "integer" : "whole number");
+}
+
+CLI::Validator FiniteNumber() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
-        uint64_t v = 0;
-        const char* end = value.data() + value.size();
-        const auto [at, ec] = std::from_chars(value.data(), end, v);
-        if (!value.empty() && value[0] != '+' && ec == std::errc::result_out_of_range) {
-          return absl::StrCat("'", value, "' is too large (at most 18446744073709551615)");
-        }
-        if (value.empty() || ec != std::errc() || at != end) {
-          return absl::StrCat("expected a whole number (0, 1, 2, ...), got '", value, "'");
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v)) {
+          return absl::StrCat("expected a number, got '", value, "'");
         }
         return std::string();
       },
-      "", "whole number");
+      "", "number");
 }
 
-void CheckUnsignedOptions(CLI::App* app) {
+void CheckNumberOptions(CLI::App* app) {
   for (CLI::Option* opt : app->get_options()) {
-    if (opt->get_type_name().rfind("UINT", 0) == 0) opt->check(WholeNumber());  // "UINT", "UINT:INT in [1 - 9]"
+    const std::string type = opt->get_type_name();  // "UINT", "INT:INT in [1 - 9]", "FLOAT"
+    if (type.rfind("UINT", 0) == 0) opt->transform(WholeNumber(false));  // (a transform: it runs first, and may rewrite)
+    else if (type.rfind("INT", 0) == 0) opt->transform(WholeNumber(true));
+    else if (type.rfind("FLOAT", 0) == 0) opt->transform(FiniteNumber());
   }
-  for (CLI::App* sub : app->get_subcommands([](const CLI::App*) { return true; })) CheckUnsignedOptions(sub);
+  for (CLI::App* sub : app->get_subcommands([](const CLI::App*) { return true; })) CheckNumberOptions(sub);
 }
 
 }  // namespace
 
 std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
-  CheckUnsignedOptions(&app);
+  CheckNumberOptions(&app);
   try {
     app.parse(argc, argv);
     return std::nullopt;
@@ -111,6 +139,15 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     CLI::App* cmd = ChosenCommand(&app);
     std::string what = e.what();
+    // A value the checks above let through that does not fit the option's type (a 32-bit one).
+    constexpr std::string_view kConvert = "Could not convert: ";
+    if (what.rfind(kConvert, 0) == 0) {
+      const std::string rest = what.substr(kConvert.size());  // "--rank = 4294967296"
+      const size_t eq = rest.find(" = ");
+      if (eq != std::string::npos) {
+        what = absl::StrCat(rest.substr(0, eq), ": '", rest.substr(eq + 3), "' is out of range");
+      }
+    }
     const std::vector<std::string> extras = Leftovers(&app);
     if (!extras.empty()) {
       what = DescribeExtras(&app, cmd, extras);

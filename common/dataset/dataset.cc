@@ -292,6 +292,14 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseJoinedChunk(uint64_t 
     out->names.push_back(joined_index_.names[i]);
     out->lengths.push_back(joined_index_.sequences[i].num_samples);
   }
+  // Read through the files' mappings (values decoded now, or used in place at assembly): none
+  // of those files rewritten in place since it was opened. After the decode: a write updates
+  // the mtime before its bytes, so any new byte read above shows here.
+  std::vector<size_t> entries(ce.num_sequences);
+  for (size_t s = 0; s < ns; ++s) {
+    for (uint64_t j = 0; j < ce.num_sequences; ++j) entries[j] = joined_[(ce.first_sequence + j) * ns + s];
+    RETURN_IF_ERROR(sources[s]->CheckUnchanged(entries));
+  }
   return out;
 }
 

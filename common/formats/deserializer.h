@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/chunk/parsed_chunk.h"
 #include "common/config/dataset_config.h"
 #include "common/error_budget.h"
@@ -113,6 +114,10 @@ class Deserializer {
   // counts differ is dropped, as in frame mode.
   virtual bool aligned_frames() const { return false; }
   virtual void WillNeed(size_t) const {}
+  // After entries were decoded from files read through their mappings (Kaldi archives, HTK
+  // feature files): OK unless a file one of `entries` lies in was rewritten or cut in place
+  // since it was opened (MappedFile::CheckUnchanged, each file once); DataLoss naming it then.
+  virtual absl::Status CheckUnchanged(absl::Span<const size_t>) const { return absl::OkStatus(); }
   // Deserializers that decode whole units (a CTF/CBF member parses a chunk at a time): the
   // unit entry i lies in, so that a join can tell how often its order makes it re-parse;
   // -1 for deserializers that decode entries one by one (Kaldi, HTK, MLF).

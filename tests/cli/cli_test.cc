@@ -79,6 +79,20 @@ TEST(Cli, DumpIsTheSameForAnyThreadCount) {
   EXPECT_EQ(one.out, four.out);
 }
 
+// Numbers on the command line are decimal: a leading zero is no octal prefix (CLI11 alone
+// read "010" as 8), and leading zeros change nothing.
+TEST(Cli, NumbersWithLeadingZerosAreDecimal) {
+  CliRun ten = Conveyor("dump " + kExamples + " --dataset simple --minibatch-size 10 --epoch-size 80 --seed 9 --randomize on");
+  CliRun zero = Conveyor("dump " + kExamples + " --dataset simple --minibatch-size 010 --epoch-size 0080 --seed 09 --randomize on");
+  ASSERT_EQ(ten.code, 0) << ten.out;
+  ASSERT_EQ(zero.code, 0) << zero.out;
+  EXPECT_EQ(zero.out, ten.out);
+  EXPECT_NE(ten.out.find("\"batch\":7,"), std::string::npos);  // 8 batches of 10
+  EXPECT_EQ(ten.out.find("\"batch\":8,"), std::string::npos);
+  CliRun rank = Conveyor("dump " + kExamples + " --dataset simple --world 010 --rank 9 --epoch-size 20");
+  EXPECT_EQ(rank.code, 0) << rank.out;
+}
+
 // --assembler cuda: identical output whichever assembler serves; without a usable device one
 // line says the CPU serves and why.
 TEST(Cli, DumpThroughTheCudaAssemblerEqualsTheCpuOne) {

@@ -4,11 +4,14 @@
 // windows with edge replication across utterance boundaries, state-list labels, MLF times);
 // the binary MLF mlf2.bin decodes to exactly the text MLF; headers, compressed (_C) files,
 // scp forms, MLF errors and truncations by hand.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <tuple>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -225,6 +228,54 @@ datasets:
   auto dump1 = DumpDataset(one->datasets[0], ReadOptions());
   ASSERT_TRUE(dump1.ok()) << dump1.status();
   EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
+}
+
+// A feature file rewritten in place while its dataset is open (features extracted again over
+// the same paths): the chunk that reads it is DataLoss naming the file, not the new values.
+TEST(Htk, AFeatureFileRewrittenInPlaceWhileOpenIsAnError) {
+  TempDir dir;
+  std::string scp;
+  for (int u = 0; u < 40; ++u) {
+    std::vector<float> v(50 * 2);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(u * 1000 + i);
+    dir.Write("u" + std::to_string(u) + ".htk", BigEndianHtk(50, 100000, 8, 9, v));
+    scp += "u" + std::to_string(u) + "=u" + std::to_string(u) + ".htk\n";
+  }
+  dir.Write("f.scp", scp);
+  const std::string path = dir.Write("h.yaml", R"(
+datasets:
+  h:
+    randomize: false
+    deserializers:
+      - type: HTKFeature
+        chunkSizeInBytes: 4096
+        input: {x: {scpFile: f.scp, dim: 2}}
+)");
+  auto config = LoadConfigFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(config->datasets[0]);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const uint64_t chunks = (*ds)->index().chunks.size();
+  ASSERT_GE(chunks, 4u);
+  ASSERT_TRUE((*ds)->ParseChunk(0).ok());
+  const std::string last = dir.path() + "/u39.htk";
+  struct stat st;
+  ASSERT_EQ(::stat(last.c_str(), &st), 0);
+  std::vector<float> other(50 * 2, 7.0f);
+  const std::string bytes = BigEndianHtk(50, 100000, 8, 9, other);
+  FILE* w = std::fopen(last.c_str(), "r+b");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), w), bytes.size());
+  ASSERT_EQ(std::fclose(w), 0);
+  struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ++times[1].tv_sec;
+  ASSERT_EQ(::utimensat(AT_FDCWD, last.c_str(), times, 0), 0);
+  ASSERT_TRUE((*ds)->ParseChunk(0).ok());  // (its files unchanged)
+  auto chunk = (*ds)->ParseChunk(chunks - 1);
+  ASSERT_FALSE(chunk.ok());
+  EXPECT_EQ(chunk.status().code(), absl::StatusCode::kDataLoss) << chunk.status();
+  EXPECT_NE(chunk.status().message().find(last + ": the file was changed after it was opened"), std::string::npos)
+      << chunk.status();
 }
 
 // Uncompressed big-endian frames decode in one pass per utterance (vectorized swap; in

@@ -253,6 +253,17 @@ class HtkFeatureSource final : public Deserializer {
     const File& f = files_[e.file];
     f.map->WillNeed(f.header.data_offset + static_cast<uint64_t>(e.first) * f.header.sample_bytes, bytes(i));
   }
+  absl::Status CheckUnchanged(absl::Span<const size_t> entries) const override {
+    // A file an utterance, or an archive of many in runs: each run's file once.
+    uint32_t last = UINT32_MAX;
+    for (size_t i : entries) {
+      const uint32_t file = entries_[i].file;
+      if (file == last) continue;
+      last = file;
+      RETURN_IF_ERROR(files_[file].map->CheckUnchanged());
+    }
+    return absl::OkStatus();
+  }
   std::vector<std::string_view> inputs() const override {
     std::vector<std::string_view> out;
     for (const File& f : files_) out.push_back(f.map->bytes());

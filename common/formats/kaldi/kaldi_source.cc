@@ -1,5 +1,7 @@
 #include "common/formats/kaldi/kaldi_source.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -84,6 +86,19 @@ class KaldiSource final : public Deserializer {
   }
   uint64_t bytes(size_t i) const override { return entry(i).info.size; }
   void WillNeed(size_t i) const override { table_->WillNeed(kept_[i]); }
+  absl::Status CheckUnchanged(absl::Span<const size_t> entries) const override {
+    // A chunk's entries lie in one archive or a few, mostly in runs.
+    uint32_t last = UINT32_MAX;
+    std::vector<uint32_t> checked;
+    for (size_t i : entries) {
+      const uint32_t src = entry(i).source;
+      if (src == last || std::find(checked.begin(), checked.end(), src) != checked.end()) continue;
+      last = src;
+      checked.push_back(src);
+      RETURN_IF_ERROR(table_->CheckUnchanged(src));
+    }
+    return absl::OkStatus();
+  }
   std::vector<std::string_view> inputs() const override {
     std::vector<std::string_view> out;
     for (uint32_t s = 0; s < table_->num_sources(); ++s) out.push_back(table_->bytes(s));

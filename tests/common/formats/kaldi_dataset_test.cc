@@ -3,10 +3,12 @@
 // missing on one side, frame-count mismatches, empty entries, one-hot labels out of range and
 // dims that disagree are skipped and counted, or are errors when maxErrors says so.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -336,6 +338,85 @@ TEST(KaldiDataset, AnArkCutShortWhileReadIsAnErrorNamingItNotACrash) {
   auto last = (*ds)->ParseChunk(chunks - 1);
   EXPECT_EQ(last.status().code(), absl::StatusCode::kDataLoss) << last.status();
   EXPECT_EQ((*ds)->CheckReads().code(), absl::StatusCode::kDataLoss);
+}
+
+// An archive rewritten in place while its dataset is open (a Kaldi recipe's stage run again:
+// `copy-feats ... ark:feats.ark` truncates and rewrites the same path): the next chunk parsed
+// is DataLoss naming the archive, never the new file's values at the old index's offsets; and
+// a cut inside the last page (no SIGBUS: the page's tail reads as zeros) is caught the same way.
+TEST(KaldiDataset, AnArkChangedInPlaceWhileOpenIsAnErrorNamingIt) {
+  const int32_t rows = 64, cols = 40;
+  auto make_ark = [&](float offset) {
+    std::string ark;
+    for (int u = 0; u < 24; ++u) {
+      ark += "utt" + std::to_string(u) + " " + std::string("\0BFM ", 5);
+      ark += '\4';
+      ark.append(reinterpret_cast<const char*>(&rows), 4);
+      ark += '\4';
+      ark.append(reinterpret_cast<const char*>(&cols), 4);
+      for (int i = 0; i < rows * cols; ++i) {
+        const float v = offset + static_cast<float>(u * 10000 + i);
+        ark.append(reinterpret_cast<const char*>(&v), 4);
+      }
+    }
+    return ark;
+  };
+  for (const bool cut : {false, true}) {
+    SCOPED_TRACE(cut ? "cut inside its last page" : "rewritten with its size kept");
+    TempDir dir;
+    const std::string ark = make_ark(0);
+    const std::string path = dir.Write("feats.ark", ark);
+    auto config = Config(dir, "datasets:\n  d:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                              "        chunkSizeInBytes: 65536\n        rspecifier: \"ark:" + path +
+                              "\"\n        input: {features: {}}\n");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto ds = Dataset::Open(*config);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const uint64_t chunks = (*ds)->index().chunks.size();
+    ASSERT_GE(chunks, 3u);
+    ASSERT_TRUE((*ds)->ParseChunk(0).ok());
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    if (cut) {
+      // 100 bytes short: the last page stays mapped, its tail reads as zeros.
+      ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(ark.size() - 100)), 0);
+    } else {
+      const std::string changed = make_ark(0.5f);
+      ASSERT_EQ(changed.size(), ark.size());
+      FILE* w = std::fopen(path.c_str(), "r+b");
+      ASSERT_NE(w, nullptr);
+      ASSERT_EQ(std::fwrite(changed.data(), 1, changed.size(), w), changed.size());
+      ASSERT_EQ(std::fclose(w), 0);
+    }
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ++times[1].tv_sec;  // (a write within one tick of the kernel's clock may keep the mtime)
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    for (uint64_t c : {uint64_t{1}, chunks - 1}) {
+      auto chunk = (*ds)->ParseChunk(c);
+      ASSERT_FALSE(chunk.ok()) << "chunk " << c;
+      EXPECT_EQ(chunk.status().code(), absl::StatusCode::kDataLoss) << chunk.status();
+      EXPECT_NE(chunk.status().message().find(path + ": the file was changed after it was opened (" +
+                                              std::to_string(ark.size()) + " bytes"),
+                std::string::npos)
+          << chunk.status();
+    }
+  }
+  // Replaced the documented way (a new archive renamed over the path): the open dataset goes on
+  // reading the archive it opened, unchanged.
+  TempDir dir;
+  const std::string path = dir.Write("feats.ark", make_ark(0));
+  auto config = Config(dir, "datasets:\n  d:\n    randomize: false\n    deserializers:\n      - type: KaldiTable\n"
+                            "        chunkSizeInBytes: 65536\n        rspecifier: \"ark:" + path +
+                            "\"\n        input: {features: {}}\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ds = Dataset::Open(*config);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  const std::string fresh = dir.Write("fresh.ark", make_ark(0.5f));
+  ASSERT_EQ(std::rename(fresh.c_str(), path.c_str()), 0);
+  for (uint64_t c = 0; c < (*ds)->index().chunks.size(); ++c) {
+    auto chunk = (*ds)->ParseChunk(c);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+  }
 }
 
 TEST(KaldiDataset, MissingKeysMismatchesAndEmptyEntriesAreSkippedAndCounted) {
