@@ -39,13 +39,19 @@ absl::Status ErrnoStatus(int err, const std::string& what, const std::string& pa
 
 // "2026-11-29 21:58:13.123456789 UTC" (what a person compares with `ls --full-time`).
 std::string FormatMtime(int64_t ns) {
-  const time_t sec = static_cast<time_t>(ns / 1000000000LL);
+  // Floor division: 1959-12-31 23:59:59.25 is -750000000 ns, second -1 and 250000000 ns after it.
+  int64_t whole = ns / 1000000000LL, frac = ns % 1000000000LL;
+  if (frac < 0) {
+    frac += 1000000000LL;
+    --whole;
+  }
+  const time_t sec = static_cast<time_t>(whole);
   struct tm tm;
   char buf[64];
   if (::gmtime_r(&sec, &tm) == nullptr || std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm) == 0) {
     return absl::StrCat(ns, " ns");
   }
-  return absl::StrFormat("%s.%09d UTC", buf, static_cast<int>(ns % 1000000000LL));
+  return absl::StrFormat("%s.%09d UTC", buf, static_cast<int>(frac));
 }
 
 FileStamp StampOf(const struct stat& st) {
@@ -313,7 +319,10 @@ absl::Status MappedFile::Read(uint64_t offset, uint64_t length, char* out) const
       return ErrnoStatus(errno, absl::StrCat("cannot read bytes ", offset, "-", offset + length), path_);
     }
     if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": the file ends at byte ", offset + done, ", before byte ",
+      // Where it ends now (the read stopped at offset + done, which may lie past that).
+      struct stat st;
+      const uint64_t end = ::fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : offset + done;
+      return absl::DataLossError(absl::StrCat(path_, ": the file ends at byte ", end, ", before byte ",
                                               offset + length, " which its index needs (it was ", size_,
                                               " bytes when opened: was it changed or truncated since?)"));
     }

@@ -1,5 +1,10 @@
 #include "server/stream_reactor.h"
 
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -10,6 +15,32 @@
 #include "server/loader_service.h"
 
 namespace conveyor {
+namespace {
+
+// A stream that the data ended (DataLoss: a file changed or cut since it was opened, input
+// errors past maxErrors; Internal; ResourceExhausted) is the operator's business too, not only
+// the client's: one line on the daemon's stderr, at most once a minute for the same dataset
+// and message (a DataLoader re-subscribing every epoch would repeat it).
+void LogStreamFailure(const std::string& dataset, const absl::Status& status) {
+  if (!absl::IsDataLoss(status) && !absl::IsInternal(status) && !absl::IsResourceExhausted(status)) return;
+  static std::mutex mu;
+  static std::map<std::string, std::chrono::steady_clock::time_point>* last =
+      new std::map<std::string, std::chrono::steady_clock::time_point>();
+  const std::string message(status.message());
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const std::string key = dataset + '\n' + message;
+    auto it = last->find(key);
+    if (it != last->end() && now - it->second < std::chrono::minutes(1)) return;
+    if (last->size() > 1024) last->clear();
+    (*last)[key] = now;
+  }
+  std::fprintf(stderr, "conveyord: dataset '%s': a stream ended with %s: %s\n", dataset.c_str(),
+               absl::StatusCodeToString(status.code()).c_str(), message.c_str());
+}
+
+}  // namespace
 
 StreamReactor::StreamReactor(LoaderService* service) : service_(service) {
   if (service_->options_.metrics) service_->options_.metrics->StreamStarted();
@@ -320,6 +351,7 @@ void StreamReactor::Produce() {
       if (stop_ && !draining_) break;
       if (!failed.ok()) {
         final_status_ = ToGrpc(failed);
+        LogStreamFailure(subscribe_.dataset(), failed);
         break;
       }
       if (draining_) break;
@@ -337,6 +369,7 @@ void StreamReactor::Produce() {
     if (!done.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       final_status_ = ToGrpc(done);
+      LogStreamFailure(subscribe_.dataset(), done);
       break;
     }
     std::unique_ptr<Transport::Destination> b = std::move(begun.front());

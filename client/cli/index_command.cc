@@ -103,8 +103,8 @@ void RegisterIndex(CLI::App& app, int* exit_code) {
       "index",
       "Build the index of every dataset (sequences, chunks, sample counts) in one parallel pass "
       "over each file, with a progress bar. With cacheIndex: true the index is written "
-      "beside the data (<file>.<hash>.cvyidx) and reused while the file's size and mtime and the "
-      "configuration stay the same.");
+      "beside the data (<file>.<hash>.cvyidx) and reused while the file's size, mtime and sampled "
+      "contents (16 pieces of 4 KiB) and the configuration stay the same.");
   cmd->add_option("config", args->config, "Configuration file (YAML, JSON or a CNTK reader block)")->required();
   cmd->add_option("--dataset", args->dataset, "Only this dataset");
   cmd->add_option("--threads", args->threads, "Indexing threads (default: all cores)")->check(CLI::Range(0, 1024));

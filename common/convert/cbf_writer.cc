@@ -23,12 +23,15 @@ void Put(std::string* out, T v) {
 class Output {
  public:
   explicit Output(std::string path) : path_(std::move(path)) {}
+  // Not finished (an error on the way, the input changed under it): the partial file goes.
   ~Output() {
     if (f_ != nullptr) std::fclose(f_);
+    if (opened_ && !finished_) std::remove((path_ + ".tmp").c_str());
   }
   absl::Status Open() {
     f_ = std::fopen((path_ + ".tmp").c_str(), "wb");
     if (f_ == nullptr) return Error("cannot create");
+    opened_ = true;
     return absl::OkStatus();
   }
   absl::Status Write(const std::string& bytes) {
@@ -41,6 +44,7 @@ class Output {
     f_ = nullptr;
     if (rc != 0) return Error("cannot write");
     if (std::rename((path_ + ".tmp").c_str(), path_.c_str()) != 0) return Error("cannot rename the finished file to");
+    finished_ = true;
     return absl::OkStatus();
   }
   uint64_t written() const { return written_; }
@@ -52,6 +56,7 @@ class Output {
   std::string path_;
   std::FILE* f_ = nullptr;
   uint64_t written_ = 0;
+  bool opened_ = false, finished_ = false;
 };
 
 template <typename T>

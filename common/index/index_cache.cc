@@ -253,6 +253,17 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   const uint64_t sums_offset = records_offset + h.num_sequences * sizeof(SequenceEntry);
   const uint64_t expected = sums_offset + blocks * sizeof(uint64_t) + sizeof(uint64_t);
   if (size != expected) return corrupt(absl::StrCat("size ", size, " bytes, expected ", expected));
+  // All offsets below are multiples of 8 from the page-aligned mapping.
+  const auto* errors = reinterpret_cast<const IndexError*>(bytes.data() + sizeof(Header));
+  const auto* records = reinterpret_cast<const SequenceEntry*>(bytes.data() + records_offset);
+  const auto* block_sums = reinterpret_cast<const uint64_t*>(bytes.data() + sums_offset);
+  uint64_t stored_sum;
+  std::memcpy(&stored_sum, bytes.data() + size - sizeof(uint64_t), sizeof(uint64_t));
+  if (FrameSum(h, errors, block_sums, blocks) != stored_sum) {
+    return corrupt("checksum mismatch (header, errors or block sums)");
+  }
+  // A header that checks out and describes another file (or configuration) is stale; one
+  // damaged is corrupt (above), whichever field the damage hit.
   if (h.data_size != data_stamp.size || h.data_mtime_ns != data_stamp.mtime_ns) {
     return absl::FailedPreconditionError(
         absl::StrCat(cache_path, ": stale index cache (the data file changed)"));
@@ -264,15 +275,6 @@ absl::StatusOr<std::optional<Index>> ReadIndexCache(const std::string& cache_pat
   if (h.config_hash != config_hash) {
     return absl::FailedPreconditionError(
         absl::StrCat(cache_path, ": index cache was built for another configuration"));
-  }
-  // All offsets below are multiples of 8 from the page-aligned mapping.
-  const auto* errors = reinterpret_cast<const IndexError*>(bytes.data() + sizeof(Header));
-  const auto* records = reinterpret_cast<const SequenceEntry*>(bytes.data() + records_offset);
-  const auto* block_sums = reinterpret_cast<const uint64_t*>(bytes.data() + sums_offset);
-  uint64_t stored_sum;
-  std::memcpy(&stored_sum, bytes.data() + size - sizeof(uint64_t), sizeof(uint64_t));
-  if (FrameSum(h, errors, block_sums, blocks) != stored_sum) {
-    return corrupt("checksum mismatch (header, errors or block sums)");
   }
   // The records: each block against its sum, each record against the data size: a cache must
   // never send a reader out of bounds. The content hash is the stored one (the writer's

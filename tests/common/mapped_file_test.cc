@@ -57,6 +57,10 @@ TEST(MappedFile, ReadPastTheEndOfAFileCutShortIsDataLossNamingTheFile) {
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_NE(st.message().find("cut.bin: the file ends at byte 6000, before byte 10000"), std::string::npos) << st;
   EXPECT_NE(st.message().find("10000 bytes when opened"), std::string::npos) << st;
+  // A read that starts past the new end says where the file ends, not where the read began.
+  const absl::Status past = (*f)->Read(8000, 100, out.data());
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss) << past;
+  EXPECT_NE(past.message().find("cut.bin: the file ends at byte 6000, before byte 8100"), std::string::npos) << past;
   EXPECT_EQ((*f)->Read(20000, 1, out.data()).code(), absl::StatusCode::kDataLoss);
 }
 
@@ -95,6 +99,10 @@ TEST(MappedFile, ReadOfAFileRewrittenInPlaceIsDataLoss) {
             std::string::npos)
       << st;
   EXPECT_NE(st.message().find("renaming a new one over it"), std::string::npos) << st;
+  // A time before 1970 prints as the calendar says (floor division of the nanoseconds).
+  SetMtime(path, -1, 250000000);
+  const absl::Status old = (*f)->Read(0, 100, out.data());
+  EXPECT_NE(old.message().find("now 10000 bytes, modified 1969-12-31 23:59:59.250000000 UTC"), std::string::npos) << old;
 }
 
 // Replaced the way docs/ctf.md asks (a new file renamed over the path): the descriptor still

@@ -5,6 +5,8 @@
 // every corrupted byte of a real file is an error naming the file, never a crash. As a
 // member of a composite, a file of either layout is listed from the counts it states, with
 // no chunk parsed, exactly as parsing gives it (CbfMember).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <iostream>
@@ -696,6 +698,26 @@ TEST(Cbf, EveryChunkReadAloneDecodesAsInTheWholeFile) {
 
 // A file cut short after it was opened: the chunks past the cut are an error naming the file
 // and what happened, not a SIGBUS from a mapping past its end.
+// A conversion that fails on the way (here: its input cut short after it was opened) leaves
+// neither the output nor its partial OUTPUT.tmp behind.
+TEST(Cbf, AFailedConvertLeavesNoPartialFile) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 2000; ++i) text += std::to_string(i) + " |d " + std::to_string(i) + "\n";
+  const std::string in = dir.Write("in.ctf", text);
+  DatasetConfig config = CtfDataset(in, "{d: {dim: 1, format: dense}}", "randomize: false");
+  config.deserializers[0].chunk_size_in_bytes = 1024;
+  auto ctf = Dataset::Open(config);
+  ASSERT_TRUE(ctf.ok()) << ctf.status();
+  ASSERT_EQ(::truncate(in.c_str(), static_cast<off_t>(text.size() / 2)), 0);
+  const std::string out = dir.path() + "/out.cbf";
+  auto stats = WriteCbf(**ctf, out, {});
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), absl::StatusCode::kDataLoss) << stats.status();
+  EXPECT_NE(::access(out.c_str(), F_OK), 0);
+  EXPECT_NE(::access((out + ".tmp").c_str(), F_OK), 0) << "the partial file was left";
+}
+
 TEST(Cbf, AFileCutShortAfterOpeningIsAnErrorNotACrash) {
   TempDir dir;
   std::string text;

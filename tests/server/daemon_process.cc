@@ -1,6 +1,7 @@
 #include "tests/server/daemon_process.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +44,10 @@ DaemonProcess::DaemonProcess(const std::string& dir, const DaemonProcessOptions&
   argv.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ == 0) {
+    if (!options.stderr_path.empty()) {
+      const int fd = ::open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd >= 0) ::dup2(fd, 2);
+    }
     ::execv(CONVEYORD_BINARY, argv.data());
     ::_exit(127);
   }

@@ -17,6 +17,7 @@ struct DaemonProcessOptions {
   std::string socket_path;         // with unix_socket: this path instead (a restart at the same place)
   std::string listen = "127.0.0.1:0";  // TCP; a fixed port for a restart at the same address
   std::vector<std::string> extra;  // more flags
+  std::string stderr_path;         // its stderr goes to this file (default: the test's)
 };
 
 class DaemonProcess {
