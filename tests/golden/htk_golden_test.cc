@@ -248,7 +248,7 @@ datasets:
     randomize: false
     deserializers:
       - type: HTKFeature
-        chunkSizeInBytes: 4096
+        chunkSizeInBytes: 2048
         input: {x: {scpFile: f.scp, dim: 2}}
 )");
   auto config = LoadConfigFile(path);
@@ -276,6 +276,28 @@ datasets:
   EXPECT_EQ(chunk.status().code(), absl::StatusCode::kDataLoss) << chunk.status();
   EXPECT_NE(chunk.status().message().find(last + ": the file was changed after it was opened"), std::string::npos)
       << chunk.status();
+  // A chunk of many files checks a few of them at each parse (a stat each costs a third of a
+  // small file's decode): every file extracted again is caught at once.
+  std::string whole = ReadFile(path);
+  whole.replace(whole.find("2048"), 4, "1048576");
+  auto big = LoadConfigFile(dir.Write("big.yaml", whole));
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto one = Dataset::Open(big->datasets[0]);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ((*one)->index().chunks.size(), 1u);
+  ASSERT_TRUE((*one)->ParseChunk(0).ok());
+  for (int u = 0; u < 40; ++u) {
+    const std::string f = dir.path() + "/u" + std::to_string(u) + ".htk";
+    struct stat fs;
+    ASSERT_EQ(::stat(f.c_str(), &fs), 0);
+    struct timespec t[2] = {fs.st_atim, fs.st_mtim};
+    t[1].tv_sec += 2;
+    ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), t, 0), 0);
+  }
+  auto again = (*one)->ParseChunk(0);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.status().message().find("the file was changed after it was opened"), std::string::npos)
+      << again.status();
 }
 
 // Uncompressed big-endian frames decode in one pass per utterance (vectorized swap; in
