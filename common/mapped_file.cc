@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
+#include "common/status_macros.h"
 
 namespace conveyor {
 namespace {
@@ -39,7 +40,7 @@ absl::Status ErrnoStatus(int err, const std::string& what, const std::string& pa
 
 // "2026-11-29 21:58:13.123456789 UTC" (what a person compares with `ls --full-time`).
 std::string FormatMtime(int64_t ns) {
-  // Floor division: 1959-12-31 23:59:59.25 is -750000000 ns, second -1 and 250000000 ns after it.
+  // Floor division: 1969-12-31 23:59:59.25 is -750000000 ns, second -1 and 250000000 ns after it.
   int64_t whole = ns / 1000000000LL, frac = ns % 1000000000LL;
   if (frac < 0) {
     frac += 1000000000LL;
@@ -329,13 +330,44 @@ absl::Status MappedFile::Read(uint64_t offset, uint64_t length, char* out) const
     done += static_cast<uint64_t>(n);
   }
   // Rewritten in place since it was opened (same size or not): the bytes just read may be the
-  // new file's, which the index made at open does not describe. A write updates the mtime
-  // before it copies its bytes, so a read that saw any new byte sees the new mtime here.
+  // new file's, which the index made at open does not describe. A write (write(2) on a local
+  // file system) updates the mtime before it copies its bytes, so a read that saw any new byte
+  // sees the new mtime here.
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
-  const FileStamp now = StampOf(st);
-  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) return ChangedError(now);
-  return absl::OkStatus();
+  return Verify(StampOf(st));
+}
+
+absl::Status MappedFile::Verify(const FileStamp& now) const {
+  auto stat_now = [this](FileStamp* out) {
+    struct stat st;
+    if (fd_ >= 0 ? ::fstat(fd_, &st) != 0 : ::stat(path_.c_str(), &st) != 0) return false;
+    *out = StampOf(st);
+    return true;
+  };
+  std::lock_guard<std::mutex> lock(verify_mu_);
+  if (now.size == accepted_.size && now.mtime_ns == accepted_.mtime_ns) {
+    if (!sampled_) {
+      // What a touch or an append is told apart by later: the sampled pieces as opened. Hashed
+      // first, then the stamp seen unchanged: no write had begun before the hash (a write
+      // updates the mtime first), so the hash is of the bytes the index describes.
+      const uint64_t h = SampleHash();
+      FileStamp again;
+      if (stat_now(&again) && again.size == accepted_.size && again.mtime_ns == accepted_.mtime_ns) {
+        opened_sample_ = h;
+        sampled_ = true;
+      }
+    }
+    return absl::OkStatus();
+  }
+  // A new mtime over the same bytes (`touch`, a copy tool setting times), or bytes appended
+  // after those indexed: the pieces sampled from what was indexed are unchanged. From then on
+  // that stamp is the one compared with. Anything shorter, or other sampled bytes: changed.
+  if (sampled_ && now.size >= stamp_.size && SampleHash() == opened_sample_) {
+    accepted_ = now;
+    return absl::OkStatus();
+  }
+  return ChangedError(now);
 }
 
 absl::Status MappedFile::ChangedError(const FileStamp& now) const {
@@ -355,8 +387,20 @@ absl::Status MappedFile::CheckUnchanged() const {
   if (static_cast<uint64_t>(st.st_dev) != dev_ || static_cast<uint64_t>(st.st_ino) != ino_) {
     return absl::OkStatus();  // another file renamed over the path: the mapping keeps ours
   }
-  const FileStamp now = StampOf(st);
-  if (now.size != stamp_.size || now.mtime_ns != stamp_.mtime_ns) return ChangedError(now);
+  return Verify(StampOf(st));
+}
+
+absl::Status MappedFile::CheckSomeUnchanged(std::vector<const MappedFile*>* files, std::atomic<uint64_t>* rotation,
+                                            size_t max_checks) {
+  std::sort(files->begin(), files->end());
+  files->erase(std::unique(files->begin(), files->end()), files->end());
+  const size_t n = files->size();
+  const size_t checks = std::min(n, max_checks);
+  const size_t start = n > max_checks ? static_cast<size_t>(rotation->fetch_add(1, std::memory_order_relaxed) % n) : 0;
+  for (size_t k = 0; k < checks; ++k) {
+    const MappedFile* f = (*files)[(start + k * n / checks) % n];
+    if (f != nullptr) RETURN_IF_ERROR(f->CheckUnchanged());
+  }
   return absl::OkStatus();
 }
 

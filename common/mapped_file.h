@@ -1,7 +1,9 @@
 // mapped_file.h: a read-only memory mapping of a whole file.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -69,8 +71,17 @@ class MappedFile {
   // mtime changed since: rewritten or cut in place, so that what its mapping reads may be the
   // new file's, which the index made at open does not describe. Then DataLoss naming the file,
   // both stamps and what to do. A file renamed over the path (the way to replace one) or
-  // deleted is no change: the mapping still reads the file opened. One stat(2).
+  // deleted is no change: the mapping still reads the file opened (a file moved away and then
+  // rewritten is not seen: the path names another file or none). A new mtime over the same
+  // sampled bytes (`touch`) or bytes appended after those opened is no change either (the
+  // first check samples the file: SampleHash). One stat(2); Read() checks the same way.
   absl::Status CheckUnchanged() const;
+  // CheckUnchanged() of at most `max_checks` of `files` (sorted and made unique here; nulls,
+  // for inputs that are no file, skipped), spread over them and moved along by `rotation` at
+  // each call: a chunk that reads thousands of small files checks a few each parse, since a
+  // stat costs about what decoding a small file does.
+  static absl::Status CheckSomeUnchanged(std::vector<const MappedFile*>* files, std::atomic<uint64_t>* rotation,
+                                         size_t max_checks = 8);
 
   // A hash of the file's size and of 16 pieces of 4 KiB spread over it (all of a file of 64
   // KiB or less): what an index cache keeps beside the size and mtime, so that a file
@@ -99,6 +110,8 @@ class MappedFile {
       : path_(std::move(path)), data_(data), size_(size), stamp_(stamp), fd_(fd), dev_(dev), ino_(ino) {}
   // The message of a file changed since it was opened (its size and mtime now).
   absl::Status ChangedError(const FileStamp& now) const;
+  // OK when `now` is the accepted stamp, or a touch or an append of the file opened.
+  absl::Status Verify(const FileStamp& now) const;
   friend struct MappingRegistry;
   const std::string path_;
   const char* const data_;
@@ -109,6 +122,12 @@ class MappedFile {
   // The first offset read past the file's end (UINT64_MAX: none), under the registry's lock.
   uint64_t cut_at_ = UINT64_MAX;
   size_t range_slot_ = SIZE_MAX;  // its range in the SIGBUS handler's table (SIZE_MAX: none)
+  // Verify(): the stamp compared with (the one at open, then one a touch or append set) and
+  // the sample hash of the bytes opened, taken at the first check.
+  mutable std::mutex verify_mu_;
+  mutable FileStamp accepted_{stamp_};
+  mutable uint64_t opened_sample_ = 0;
+  mutable bool sampled_ = false;
 };
 
 }  // namespace conveyor

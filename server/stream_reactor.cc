@@ -30,10 +30,14 @@ void LogStreamFailure(const std::string& dataset, const absl::Status& status) {
   const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu);
-    const std::string key = dataset + '\n' + message;
+    // By dataset, code and what the message is about (up to its first ": ", a file's path):
+    // its numbers (a byte offset, bytes left) differ from one failure to the next.
+    const std::string key = absl::StrCat(dataset, "\n", status.code(), "\n", message.substr(0, message.find(": ")));
     auto it = last->find(key);
     if (it != last->end() && now - it->second < std::chrono::minutes(1)) return;
-    if (last->size() > 1024) last->clear();
+    if (last->size() > 4096) {  // forget the entries older than a minute
+      for (auto e = last->begin(); e != last->end();) e = now - e->second >= std::chrono::minutes(1) ? last->erase(e) : std::next(e);
+    }
     (*last)[key] = now;
   }
   std::fprintf(stderr, "conveyord: dataset '%s': a stream ended with %s: %s\n", dataset.c_str(),
@@ -351,8 +355,7 @@ void StreamReactor::Produce() {
       if (stop_ && !draining_) break;
       if (!failed.ok()) {
         final_status_ = ToGrpc(failed);
-        LogStreamFailure(subscribe_.dataset(), failed);
-        break;
+        break;  // (logged below, outside the lock)
       }
       if (draining_) break;
       if (ended) {
@@ -367,15 +370,18 @@ void StreamReactor::Produce() {
     }
     absl::Status done = loader_->Complete(&batch);
     if (!done.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      final_status_ = ToGrpc(done);
-      LogStreamFailure(subscribe_.dataset(), done);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        final_status_ = ToGrpc(done);
+      }
+      failed = done;  // (logged below, outside the lock)
       break;
     }
     std::unique_ptr<Transport::Destination> b = std::move(begun.front());
     begun.pop_front();
     if (!Publish(batch, std::move(b))) break;
   }
+  if (!failed.ok()) LogStreamFailure(subscribe_.dataset(), failed);
 }
 
 bool StreamReactor::Publish(const Batch& batch, std::unique_ptr<Transport::Destination> destination) {

@@ -103,9 +103,11 @@ CLI::Validator WholeNumber(bool is_signed) {
 CLI::Validator FiniteNumber() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
+        // As the integers: decimal only (strtod also takes leading spaces and hex).
+        const bool plain = !value.empty() && value.find_first_of(" \t\n\v\f\rxXpP") == std::string::npos;
         char* end = nullptr;
-        const double v = std::strtod(value.c_str(), &end);
-        if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(v)) {
+        const double v = plain ? std::strtod(value.c_str(), &end) : 0;
+        if (!plain || end != value.c_str() + value.size() || !std::isfinite(v)) {
           return absl::StrCat("expected a number, got '", value, "'");
         }
         return std::string();

@@ -196,6 +196,7 @@ TEST_F(BadInvocation, ConveyorEndsWithOneLineAndStatusOneOrTwo) {
       {{"inspect", examples_, "--threads", "-1"}, 2, "--threads"},
       {{"convert", "/nonexistent.ctf", dir_.path() + "/out.cbf", "--config", examples_, "--threads", "-1"}, 2, "--threads"},
       {{"health", "127.0.0.1:1", "--timeout", "nan"}, 2, "--timeout: expected a number, got 'nan'"},
+      {{"health", "127.0.0.1:1", "--timeout", "0x1p1"}, 2, "--timeout: expected a number, got '0x1p1'"},
       {{"subscribe", "127.0.0.1:1", "--dataset", "simple", "--keepalive", "inf"}, 2, "--keepalive: expected a number"},
       {{"dump", examples_, "--dataset", "simple", "--first-epoch", "3", "--epochs", "2"}, 2, "--first-epoch 3 must be below --epochs 2"},
       {{"dump", examples_, "--dataset", "simple", "--frame-mode", "--truncation", "5"}, 2, "--frame-mode"},

@@ -105,6 +105,53 @@ TEST(MappedFile, ReadOfAFileRewrittenInPlaceIsDataLoss) {
   EXPECT_NE(old.message().find("now 10000 bytes, modified 1969-12-31 23:59:59.250000000 UTC"), std::string::npos) << old;
 }
 
+// Harmless changes: a new mtime over the same bytes (`touch`, a copy tool setting times) and
+// bytes appended after those opened (a producer still writing) keep the file readable,
+// through a descriptor (Read) and by path (CheckUnchanged); a rewrite after either is still
+// caught, and a cut never passes.
+TEST(MappedFile, ATouchOrAnAppendIsNoChange) {
+  TempDir dir;
+  const std::string bytes = Pattern(300000);  // sampled in pieces, not hashed whole
+  for (const bool readable : {true, false}) {
+    SCOPED_TRACE(readable ? "Read()" : "CheckUnchanged()");
+    const std::string path = dir.Write(readable ? "r.bin" : "m.bin", bytes);
+    SetMtime(path, 1700000000, 0);
+    auto f = MappedFile::Open(path, readable);
+    ASSERT_TRUE(f.ok()) << f.status();
+    std::string out(100, '\0');
+    auto check = [&] { return readable ? (*f)->Read(1000, 100, out.data()) : (*f)->CheckUnchanged(); };
+    ASSERT_TRUE(check().ok());  // (the first check samples the file as opened)
+    SetMtime(path, 1700000100, 0);  // touch
+    EXPECT_TRUE(check().ok()) << check();
+    {
+      FILE* a = std::fopen(path.c_str(), "ab");  // append
+      ASSERT_NE(a, nullptr);
+      ASSERT_EQ(std::fwrite("tail", 1, 4, a), 4u);
+      ASSERT_EQ(std::fclose(a), 0);
+    }
+    SetMtime(path, 1700000200, 0);
+    EXPECT_TRUE(check().ok()) << check();
+    EXPECT_TRUE(check().ok()) << check();  // (the new stamp is the one compared with now)
+    {
+      FILE* w = std::fopen(path.c_str(), "r+b");  // then a rewrite of a sampled piece
+      ASSERT_NE(w, nullptr);
+      ASSERT_EQ(std::fwrite("XXXX", 1, 4, w), 4u);
+      ASSERT_EQ(std::fclose(w), 0);
+    }
+    SetMtime(path, 1700000300, 0);
+    const absl::Status st = check();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("the file was changed after it was opened"), std::string::npos) << st;
+  }
+  // Cut short by a byte: refused, whatever the pieces.
+  const std::string path = dir.Write("c.bin", bytes);
+  auto f = MappedFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE((*f)->CheckUnchanged().ok());
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(bytes.size() - 1)), 0);
+  EXPECT_EQ((*f)->CheckUnchanged().code(), absl::StatusCode::kDataLoss);
+}
+
 // Replaced the way docs/ctf.md asks (a new file renamed over the path): the descriptor still
 // reads the file opened, unchanged, which its index describes.
 TEST(MappedFile, AFileRenamedOverTheOneOpenedIsNoChange) {

@@ -696,8 +696,6 @@ TEST(Cbf, EveryChunkReadAloneDecodesAsInTheWholeFile) {
   }
 }
 
-// A file cut short after it was opened: the chunks past the cut are an error naming the file
-// and what happened, not a SIGBUS from a mapping past its end.
 // A conversion that fails on the way (here: its input cut short after it was opened) leaves
 // neither the output nor its partial OUTPUT.tmp behind.
 TEST(Cbf, AFailedConvertLeavesNoPartialFile) {
@@ -718,6 +716,8 @@ TEST(Cbf, AFailedConvertLeavesNoPartialFile) {
   EXPECT_NE(::access((out + ".tmp").c_str(), F_OK), 0) << "the partial file was left";
 }
 
+// A file cut short after it was opened: the chunks past the cut are an error naming the file
+// and what happened, not a SIGBUS from a mapping past its end.
 TEST(Cbf, AFileCutShortAfterOpeningIsAnErrorNotACrash) {
   TempDir dir;
   std::string text;

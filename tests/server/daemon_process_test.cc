@@ -80,8 +80,7 @@ TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
 
 // The data file rewritten in place while the daemon serves it (same size, new mtime): the
 // stream ends with DATA_LOSS naming the file instead of serving the new bytes at the old
-// index's offsets, every batch delivered before it holds the old file's values, and the
-// daemon's log says so once, for the operator.
+// index's offsets, and the daemon's log says so, for the operator.
 TEST(DaemonProcess, ADataFileRewrittenInPlaceEndsItsStreamsAndIsLogged) {
   TempDir dir;
   std::string before, after;

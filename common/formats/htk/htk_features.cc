@@ -257,22 +257,19 @@ class HtkFeatureSource final : public Deserializer {
   absl::Status CheckUnchanged(absl::Span<const size_t> entries) const override {
     // An archive of many utterances (in runs): its file once. A file an utterance: a stat(2)
     // each cost about a third of the decode of 300-frame utterances (1.5-2.5 us a call on our
-    // VMs, bench/RESULTS.md), so a chunk of many checks kMaxChecks of them, spread over the
-    // chunk and moved along at every parse: a feature set extracted again over the same paths
-    // is caught within a chunk, a single file rewritten among thousands may not be.
-    constexpr size_t kMaxChecks = 8;
-    std::vector<uint32_t> files;
+    // VMs, bench/RESULTS.md), so a chunk of many checks 8 of them, spread over the chunk and
+    // moved along at every parse (MappedFile::CheckSomeUnchanged): a feature set extracted
+    // again over the same paths is caught within a chunk, a single file rewritten among
+    // thousands may not be.
+    std::vector<const MappedFile*> files;
+    uint32_t last = UINT32_MAX;
     for (size_t i : entries) {
       const uint32_t file = entries_[i].file;
-      if (files.empty() || files.back() != file) files.push_back(file);
+      if (file == last) continue;
+      last = file;
+      files.push_back(files_[file].map.get());
     }
-    const size_t n = files.size();
-    const size_t checks = std::min(n, kMaxChecks);
-    const size_t start = n > kMaxChecks ? static_cast<size_t>(rotation_.fetch_add(1, std::memory_order_relaxed) % n) : 0;
-    for (size_t k = 0; k < checks; ++k) {
-      RETURN_IF_ERROR(files_[files[(start + k * n / checks) % n]].map->CheckUnchanged());
-    }
-    return absl::OkStatus();
+    return MappedFile::CheckSomeUnchanged(&files, &rotation_);
   }
   std::vector<std::string_view> inputs() const override {
     std::vector<std::string_view> out;

@@ -1,6 +1,7 @@
 #include "common/formats/kaldi/kaldi_source.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -87,17 +88,17 @@ class KaldiSource final : public Deserializer {
   uint64_t bytes(size_t i) const override { return entry(i).info.size; }
   void WillNeed(size_t i) const override { table_->WillNeed(kept_[i]); }
   absl::Status CheckUnchanged(absl::Span<const size_t> entries) const override {
-    // A chunk's entries lie in one archive or a few, mostly in runs.
+    // A chunk's entries lie in one archive or a few, in runs; or in a file each (an scp of one
+    // archive an utterance): then a few of them each parse (MappedFile::CheckSomeUnchanged).
+    std::vector<const MappedFile*> files;
     uint32_t last = UINT32_MAX;
-    std::vector<uint32_t> checked;
     for (size_t i : entries) {
       const uint32_t src = entry(i).source;
-      if (src == last || std::find(checked.begin(), checked.end(), src) != checked.end()) continue;
+      if (src == last) continue;
       last = src;
-      checked.push_back(src);
-      RETURN_IF_ERROR(table_->CheckUnchanged(src));
+      files.push_back(table_->file(src));
     }
-    return absl::OkStatus();
+    return MappedFile::CheckSomeUnchanged(&files, &rotation_);
   }
   std::vector<std::string_view> inputs() const override {
     std::vector<std::string_view> out;
@@ -170,6 +171,7 @@ class KaldiSource final : public Deserializer {
   const TableEntry& entry(size_t i) const { return table_->entries()[kept_[i]]; }
 
   std::unique_ptr<KaldiTable> table_;
+  mutable std::atomic<uint64_t> rotation_{0};  // CheckUnchanged()'s place among many files
   const KaldiKind kind_;
   std::vector<StreamConfig> streams_;
   const std::string rspecifier_;

@@ -94,11 +94,8 @@ class KaldiTable {
     DecodeInt32Vector(sources_[e.source].bytes, e.offset, e.info, out);
   }
   void WillNeed(size_t i) const;
-  // OK unless the file of `source` was changed in place since it was opened
-  // (MappedFile::CheckUnchanged); a pipe's output cannot change.
-  absl::Status CheckUnchanged(uint32_t source) const {
-    return sources_[source].file ? sources_[source].file->CheckUnchanged() : absl::OkStatus();
-  }
+  // The mapped file of `source`; null for a pipe's output (which cannot change).
+  const MappedFile* file(uint32_t source) const { return sources_[source].file.get(); }
 
  private:
   struct Source {
