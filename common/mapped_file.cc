@@ -374,8 +374,8 @@ absl::Status MappedFile::ChangedError(const FileStamp& now) const {
   return absl::DataLossError(absl::StrCat(
       path_, ": the file was changed after it was opened (", stamp_.size, " bytes, modified ",
       FormatMtime(stamp_.mtime_ns), "; now ", now.size, " bytes, modified ", FormatMtime(now.mtime_ns),
-      "): its index no longer describes it. Open it again to index it again (run the command again, or "
-      "send conveyord SIGHUP), and replace a data file by renaming a new one over it, not by rewriting it in place"));
+      "): its index no longer describes it. Open it again to index it again (restart the command or "
+      "conveyord), and replace a data file by renaming a new one over it, not by rewriting it in place"));
 }
 
 absl::Status MappedFile::CheckUnchanged() const {

@@ -2,15 +2,12 @@
 // shared by every subscription. Clients name datasets; nothing a client sends is a path.
 #pragma once
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/config/dataset_config.h"
 #include "common/dataset/dataset.h"
 
@@ -41,38 +38,8 @@ class DatasetRegistry {
   // freed, those of datasets without keepDataInMemory first; returns the bytes freed.
   uint64_t DropUnheld(uint64_t bytes) const;
 
-  // Opens again (indexes again) every dataset one of whose files changed since it was opened:
-  // another file at its path (a new one renamed over it, the way to replace data), or its
-  // size or mtime changed (rewritten in place: its streams fail with DataLoss). New
-  // subscriptions get the new dataset; streams already running keep the one they started
-  // with. A dataset that cannot be opened again keeps the one it had. What it did, a line
-  // for each dataset looked at, goes to `log`. Called on SIGHUP; one call at a time.
-  void ReopenChanged(const std::function<void(const std::string&)>& log);
-
  private:
-  // A file a dataset reads, as it was when the dataset was opened (stat(2) right after).
-  struct InputStamp {
-    std::string path;
-    uint64_t dev = 0, ino = 0, size = 0;
-    int64_t mtime_ns = 0;
-    bool operator==(const InputStamp& o) const {
-      return path == o.path && dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns;
-    }
-  };
-  struct Entry {
-    std::shared_ptr<const Dataset> dataset;
-    std::vector<InputStamp> inputs;
-  };
-  static std::vector<InputStamp> StampInputs(const Dataset& ds);
-  absl::StatusOr<Entry> OpenEntry(const DatasetConfig& config) const;
-
-  int index_threads_ = 0;
-  bool compressed_in_place_ = false;
-  mutable absl::Mutex mu_;
-  std::map<std::string, Entry> datasets_ ABSL_GUARDED_BY(mu_);
-  // SetRetainedBytes' arguments, for a dataset opened again.
-  mutable uint64_t retained_bytes_ ABSL_GUARDED_BY(mu_) = 0, keep_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Mutex reopen_mu_;  // one ReopenChanged() at a time
+  std::map<std::string, std::shared_ptr<const Dataset>> datasets_;
 };
 
 }  // namespace conveyor

@@ -1,7 +1,5 @@
 #include "server/loader_service.h"
 
-#include <cstdio>
-
 #include <algorithm>
 #include <thread>
 
@@ -153,11 +151,6 @@ void LoaderService::Unregister(StreamReactor* r) {
   // The freed heap and huge-page blocks back to the system (on the releaser's thread).
   releaser_.Request();
   gone_.notify_all();  // under the lock: the destructor may run as soon as it is released
-}
-
-void LoaderService::ReopenChangedDatasets() {
-  if (registry_ == nullptr) return;
-  registry_->ReopenChanged([](const std::string& line) { std::fprintf(stderr, "conveyord: SIGHUP: %s\n", line.c_str()); });
 }
 
 void LoaderService::Drain() {

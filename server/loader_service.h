@@ -44,9 +44,6 @@ class LoaderService final : public LoaderServiceBase {
 
   // Stops new subscriptions and drains the open ones.
   void Drain();
-  // SIGHUP: the datasets whose files changed or were replaced are opened again
-  // (DatasetRegistry::ReopenChanged); a line for each dataset on stderr.
-  void ReopenChangedDatasets();
   // Streams whose reactor still exists (until both the call and its producer have ended).
   size_t active_streams() const;
   // Bytes of batches in flight, all subscriptions together (the daemon's budget in use).

@@ -18,7 +18,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -345,26 +344,12 @@ void AnnounceServing(const Prepared& p, const std::vector<std::string>& names, i
 void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Server* server,
                          conveyor::LoaderService* service) {
   int sig = 0;
-  // SIGHUP: the data, not the configuration: datasets whose files were replaced (or changed in
-  // place) are indexed again on a thread of their own, so that SIGTERM still drains at once
-  // (the process then waits for that indexing to end before it exits).
-  std::thread reopener;
-  std::atomic<bool> reopening{false};
   while (sigwait(&signals, &sig) == 0 && (sig == SIGHUP || sig == SIGUSR1)) {
-    if (sig != SIGHUP) continue;
-    if (reopening.load()) {
-      std::fprintf(stderr, "conveyord: SIGHUP: the datasets are still being opened again since the last one; ignored\n");
-      continue;
+    if (sig == SIGHUP) {
+      std::fprintf(stderr,
+                   "conveyord: SIGHUP: reloading the configuration is not supported; restart the daemon "
+                   "instead (subscribers resume from their cursors)\n");
     }
-    if (reopener.joinable()) reopener.join();
-    std::fprintf(stderr,
-                 "conveyord: SIGHUP: opening again the datasets whose files changed (the configuration is not read "
-                 "again: restart the daemon for that)\n");
-    reopening.store(true);
-    reopener = std::thread([service, &reopening] {
-      service->ReopenChangedDatasets();
-      reopening.store(false);
-    });
   }
   // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
@@ -374,7 +359,6 @@ void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Serve
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
   if (!p.no_unix) ::unlink(p.unix_path.c_str());
-  if (reopener.joinable()) reopener.join();  // the registry it updates goes with the service
 }
 
 // The fast half and the life of the server. Returns the exit status.
@@ -409,9 +393,7 @@ constexpr char kAbout[] =
     "conveyord: serves the datasets of a conveyor configuration as streams of minibatches over "
     "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
     "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
-    "last cursor and UNAVAILABLE (while still indexing, it stops at once). SIGHUP opens again (indexes "
-    "again) the datasets whose files were replaced or changed since they were opened; new subscriptions "
-    "read them (the configuration itself is read only at start).\n"
+    "last cursor and UNAVAILABLE (while still indexing, it stops at once).\n"
     "Exit status: 0 after a drain, 1 when it cannot start (the message says why), 2 a usage error.\n"
     "Examples:\n"
     "  conveyord my.yaml --listen 127.0.0.1:7070\n"
