@@ -124,13 +124,10 @@ void FdServer::Forget(const std::string& token) {
   segments_.erase(token);
 }
 
-namespace {
-
-// Sends `fd` over the connected unix socket `c` (one byte of data, the descriptor beside it).
 void SendDescriptor(int c, int fd) {
   char byte = 'S';
   iovec iov{&byte, 1};
-  char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -143,8 +140,6 @@ void SendDescriptor(int c, int fd) {
   std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
   (void)!::sendmsg(c, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
-
-}  // namespace
 
 // Connections are served side by side, each with one second in all to send its 16-byte
 // token (not per read: a peer dripping a byte a second held the one connection served before,

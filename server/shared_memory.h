@@ -48,6 +48,11 @@ class ShmSegment {
 // 16 bytes from the kernel's CSPRNG (getrandom). Errors: Internal if it fails.
 absl::StatusOr<std::string> RandomToken();
 
+// Sends `fd` over the connected unix socket `c`: one byte of data, the descriptor beside it
+// (SCM_RIGHTS), without waiting (a peer that does not read gets nothing). What FdServer
+// answers a good token with.
+void SendDescriptor(int c, int fd);
+
 class FdServer {
  public:
   // Listens on `path` with permissions `mode` (0600: this user; 0660: and its group) from

@@ -1,6 +1,8 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -219,6 +221,21 @@ absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint6
     return absl::InternalError(absl::StrCat("chunk 0, before the cut: ", first.status().ToString()));
   }
   return (*ds)->ParseChunk(index.chunks.size() - 1).status();
+}
+
+absl::Status RewriteInPlace(const std::string& path, const std::string& bytes, int seconds) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(errno)));
+  FILE* w = std::fopen(path.c_str(), "r+b");
+  if (w == nullptr) return absl::InternalError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), w) == bytes.size();
+  if (std::fclose(w) != 0 || !written) return absl::InternalError(absl::StrCat("rewriting ", path, " in place"));
+  struct timespec times[2] = {st.st_atim, st.st_mtim};
+  times[1].tv_sec += seconds;
+  if (::utimensat(AT_FDCWD, path.c_str(), times, 0) != 0) {
+    return absl::InternalError(absl::StrCat("utimensat ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor::testing

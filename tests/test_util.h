@@ -84,4 +84,10 @@ std::vector<std::string> Tokens(const std::string& text);
 // index entry), or Internal when the setup itself failed.
 absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint64_t keep, ChunkEntry* last);
 
+// Writes `bytes` over the start of `path` in place (the same inode; the file keeps its size
+// when `bytes` is as long) and moves its mtime `seconds` past what it was: a rewrite within
+// one tick of the kernel's clock may keep the mtime, which a test must not depend on.
+// Errors: the step that failed, naming the path.
+absl::Status RewriteInPlace(const std::string& path, const std::string& bytes, int seconds = 1);
+
 }  // namespace conveyor::testing

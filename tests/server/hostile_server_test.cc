@@ -27,6 +27,7 @@
 #include "client/cpp/conveyor_client.h"
 #include "gtest/gtest.h"
 #include "server/server_builder.h"
+#include "server/shared_memory.h"
 #include "tests/test_util.h"
 
 namespace conveyor::testing {
@@ -278,20 +279,7 @@ class FdSocket {
         if (n <= 0) break;
         got += static_cast<size_t>(n);
       }
-      char byte = 'S';
-      iovec iov{&byte, 1};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cm), &fd_, sizeof(int));
-      (void)::sendmsg(c, &msg, MSG_NOSIGNAL);
+      SendDescriptor(c, fd_);  // what the daemon's descriptor server sends, but any descriptor
       ::close(c);
     });
   }
