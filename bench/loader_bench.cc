@@ -22,8 +22,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,7 @@
 #include "common/config/config_loader.h"
 #include "common/convert/cbf_writer.h"
 #include "common/dataset/dataset.h"
+#include "common/huge_pages.h"
 #include "common/sampling/loader.h"
 
 namespace conveyor::bench {
@@ -118,7 +121,8 @@ void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
   if (state.range(1) == 0) ao.min_parallel_bytes = UINT64_MAX;  // the calling thread alone
   auto assembler = MakeCpuAssembler(ao);
   LoaderOptions lo;
-  lo.planner.minibatch_size = 4096;
+  const char* mb_size = std::getenv("LOADER_BENCH_MINIBATCH");  // (default 4096)
+  lo.planner.minibatch_size = mb_size != nullptr ? std::strtoull(mb_size, nullptr, 10) : 4096;
   lo.planner.epochs = UINT32_MAX;
   lo.planner.randomizer.randomize = state.range(0) != 0;
   lo.planner.randomizer.seed = 1;
@@ -173,10 +177,53 @@ void BM_MemcpyBatchBytes(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
+// What a randomized dense read's row gather can cost on this machine, apart from the loader:
+// 404-byte rows (CTF dense 100 + 1) lying in a window of 8 parsed 32 MiB chunks' worth of
+// rows (113 MB, 2 MiB pages as parsed chunks get them), copied 256 at a time into one batch,
+// in file order (arg 0 = 0: the reference, the same bytes) or a random order (1), with
+// every line of each row prefetched arg 1 rows ahead (0: none, as the hardware alone does).
+// bench/RESULTS.md (2026-11-30): random 80-88 ns a row whatever the prefetch, file order
+// 26-28: the randomized gather costs what this memory costs, not what the loader adds.
+void BM_RowGather(benchmark::State& state) {
+  constexpr size_t kRow = 404, kRows = 8 * 35000, kBatch = 256;
+  const bool random = state.range(0) != 0;
+  const size_t ahead = static_cast<size_t>(state.range(1));
+  HugeVector<std::byte> rows(kRow * kRows);
+  std::memset(rows.data(), 1, rows.size());
+  std::vector<uint32_t> order(kRows);
+  for (size_t i = 0; i < kRows; ++i) order[i] = static_cast<uint32_t>(i);
+  if (random) {
+    std::mt19937 rng(1);
+    std::shuffle(order.begin(), order.end(), rng);
+  }
+  std::vector<std::byte> batch(kBatch * kRow);
+  auto prefetch = [&](size_t i) {
+    const std::byte* p = rows.data() + size_t{order[i]} * kRow;
+    for (size_t at = 0; at < kRow; at += 64) __builtin_prefetch(p + at);
+    __builtin_prefetch(p + kRow - 1);
+  };
+  for (auto _ : state) {
+    for (size_t b = 0; b < kRows; b += kBatch) {
+      const size_t n = std::min(kBatch, kRows - b);
+      for (size_t i = 0; ahead > 0 && i < std::min(n, ahead); ++i) prefetch(b + i);
+      for (size_t i = 0; i < n; ++i) {
+        if (ahead > 0 && i + ahead < n) prefetch(b + i + ahead);
+        std::memcpy(batch.data() + i * kRow, rows.data() + size_t{order[b + i]} * kRow, kRow);
+      }
+      benchmark::DoNotOptimize(batch.data());
+      benchmark::ClobberMemory();
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kRows * kRow));
+  state.counters["ns_per_row"] = benchmark::Counter(static_cast<double>(state.iterations() * kRows),
+                                                    benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 BENCHMARK(BM_LoaderCtfSparse)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LoaderCbfSparse)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LoaderCtfDense)->ArgsProduct({{0, 1}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MemcpyBatchBytes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_RowGather)->ArgsProduct({{0, 1}, {0, 8, 32}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace conveyor::bench
