@@ -261,10 +261,25 @@ __attribute__((always_inline)) inline unsigned __int128 SweepOrder::Key(uint64_t
   return (static_cast<unsigned __int128>(base_[pos]) << 32) + static_cast<unsigned __int128>(spread_) * h;
 }
 
+void SweepOrder::EnsureBuckets(uint64_t seg) {
+  while (first_bucket_ + buckets_.size() <= seg) {
+    // Reserved once: grown by doubling, a whole-sweep window's one bucket was copied
+    // and faulted in about twice over.
+    buckets_.emplace_back();
+    const uint64_t expected = ExpectedUnits(first_bucket_ + buckets_.size() - 1);
+    buckets_.back().keys.reserve(expected);
+    buckets_.back().units.reserve(expected);
+  }
+}
+
 void SweepOrder::Distribute(uint64_t pos) {
   const uint32_t chunk = order_[pos];
   const ChunkEntry& c = index_->chunks[chunk];
   const uint64_t n = order_.size();
+  if (!options_.sample_window && spread_ >= 1 && spread_ <= kMaxTableSpread) {
+    DistributeByTable(pos);
+    return;
+  }
   uint64_t bucket_seg = UINT64_MAX;  // the segment of the last unit, and its bucket
   Bucket* bucket = nullptr;
   for (uint64_t s = c.first_sequence; s < c.first_sequence + c.num_sequences; ++s) {
@@ -288,14 +303,7 @@ void SweepOrder::Distribute(uint64_t pos) {
       if (seg >= n) seg = n - 1;
       if (seg < first_bucket_) continue;  // before the segment a seek started at
       if (seg != bucket_seg) {  // (a whole-sweep window: every unit in the last segment)
-        while (first_bucket_ + buckets_.size() <= seg) {
-          // Reserved once: grown by doubling, a whole-sweep window's one bucket was copied
-          // and faulted in about twice over.
-          buckets_.emplace_back();
-          const uint64_t expected = ExpectedUnits(first_bucket_ + buckets_.size() - 1);
-          buckets_.back().keys.reserve(expected);
-          buckets_.back().units.reserve(expected);
-        }
+        EnsureBuckets(seg);
         bucket = &buckets_[seg - first_bucket_];  // (a deque's emplace_back moves no element)
         bucket_seg = seg;
       }
@@ -305,6 +313,46 @@ void SweepOrder::Distribute(uint64_t pos) {
       b.wide = b.wide || (rel >> 64) != 0;
       b.keys.push_back(static_cast<uint64_t>(rel));
       b.units.push_back(u);
+    }
+  }
+}
+
+// Distribute() for chunk windows of up to kMaxTableSpread chunks (every randomized read but
+// sample windows and whole-sweep windows of many chunks): base(p) = p, so a unit's key is
+// (pos << 32) + spread * h, its segment pos + (spread * h >> 32) (at most the last), and the
+// buckets it can land in are the next `spread` ones, looked up in a table instead of
+// compared with the last unit's (a unit lands in another bucket than the one before nearly
+// every time: a branch mispredicted a unit). The same keys, buckets and order as Distribute().
+void SweepOrder::DistributeByTable(uint64_t pos) {
+  const uint32_t chunk = order_[pos];
+  const ChunkEntry& c = index_->chunks[chunk];
+  const uint64_t n = order_.size();
+  const uint64_t spread = spread_;  // >= 1 when randomizing, < 2^32: spread * h fits 64 bits
+  const uint64_t last = std::min(pos + spread - 1, n - 1) - pos;  // the highest offset a unit reaches
+  EnsureBuckets(pos + last);
+  // table[d]: the bucket of segment pos + d; null before the segment a seek started at.
+  std::array<Bucket*, kMaxTableSpread> table;
+  for (uint64_t d = 0; d <= last; ++d) {
+    table[d] = pos + d < first_bucket_ ? nullptr : &buckets_[pos + d - first_bucket_];
+  }
+  const bool frame_mode = options_.frame_mode;
+  const SequenceEntry* sequences = index_->sequences.data();
+  for (uint64_t s = c.first_sequence; s < c.first_sequence + c.num_sequences; ++s) {
+    const uint32_t samples = sequences[s].num_samples;
+    const uint32_t frames = frame_mode ? samples : 1;
+    for (uint32_t f = 0; f < frames; ++f) {
+      const uint64_t h = SplitMix64(sweep_seed_ ^ SplitMix64((s << 24) ^ f)) >> 32;
+      const uint64_t spreadh = spread * h;
+      const uint64_t d = std::min(spreadh >> 32, last);
+      Bucket* b = table[d];
+      if (b == nullptr) continue;  // before the segment a seek started at
+      b->keys.push_back(spreadh - (d << 32));  // the key less base(pos + d) << 32
+      Unit& u = b->units.emplace_back();
+      u.sequence = s;
+      u.frame = frame_mode ? f : Unit::kWholeSequence;
+      u.samples = frame_mode ? 1 : samples;
+      u.chunk = chunk;
+      u.position = static_cast<uint32_t>(pos);
     }
   }
 }

@@ -83,6 +83,10 @@ class SweepOrder {
     bool wide = false;
   };
   void Distribute(uint64_t pos);  // computes the keys of one chunk's units into buckets
+  // Distribute() of chunk windows up to kMaxTableSpread chunks wide (sweep_order.cc).
+  static constexpr uint64_t kMaxTableSpread = 1024;
+  void DistributeByTable(uint64_t pos);
+  void EnsureBuckets(uint64_t seg);  // the buckets of every segment up to `seg` exist
   unsigned __int128 Key(uint64_t pos, uint64_t sequence, uint32_t frame) const;
   // About how many units segment `i` will get (0: not worth counting), to reserve its bucket.
   uint64_t ExpectedUnits(uint64_t i) const;

@@ -169,12 +169,12 @@ TEST(Randomizer, SampleBasedWindowKeepsUnitsWithinRSamples) {
   EXPECT_EQ(count, 300u);
 }
 
-TEST(Randomizer, SeekToAnySegmentGivesTheSameUnits) {
+void SeekToAnySegment(uint64_t window) {
   Index index = MakeIndex(300, 3, 4, 5);
   RandomizerOptions ro;
   ro.randomize = true;
   ro.seed = 8;
-  ro.window = 6;
+  ro.window = window;
   SweepOrder full(&index, ro, 2);
   std::vector<std::vector<uint64_t>> segments;
   for (uint64_t s = 0; s < full.num_segments(); ++s) {
@@ -189,6 +189,15 @@ TEST(Randomizer, SeekToAnySegmentGivesTheSameUnits) {
       for (const Unit& u : seek.Segment(s)) seqs.push_back(u.sequence);
       ASSERT_EQ(seqs, segments[s]) << "start " << start << " segment " << s;
     }
+  }
+}
+
+TEST(Randomizer, SeekToAnySegmentGivesTheSameUnits) {
+  // Windows of 6 chunks and of 2000 (wider than the bucket table of DistributeByTable: the
+  // general path); both start a seek with the segments before it dropped.
+  for (uint64_t window : {6u, 2000u}) {
+    SCOPED_TRACE(window);
+    SeekToAnySegment(window);
   }
 }
 
@@ -265,7 +274,10 @@ TEST(Randomizer, SegmentsConcatenateToTheGlobalKeyOrder) {
     return largest;
   };
   const Case cases[] = {
-      {false, false, 1},  {false, false, 3},   {false, false, 1000},          // chunk windows, past the sweep
+      // chunk windows, past the sweep; up to 1024 chunks their units are distributed through a
+      // table of buckets (SweepOrder::DistributeByTable), wider ones as sample windows are
+      {false, false, 1},  {false, false, 3},   {false, false, 1000}, {false, false, 1024}, {false, false, 1025},
+      {false, true, 1025},
       {true, false, 150}, {true, false, 5000}, {true, false, uint64_t{1} << 40},  // 2^40: keys past 64 bits
       {false, true, 2},   {true, true, 700},   {true, true, uint64_t{1} << 33},
   };
