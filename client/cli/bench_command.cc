@@ -250,7 +250,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "bench",
       "Read whole epochs of a dataset through indexing, randomization, parsing (--threads "
       "parser threads) and CPU batch assembly without printing batches, and report the rates "
-      "next to a memchr scan of the same file; or, given a daemon address, the rate a "
+      "next to a reference measured in the same run (a memchr scan of the same file for text; "
+      "`cat` and a memcpy of the same bytes for the other formats); or, given a daemon address, the rate a "
       "subscription receives batches at. With --json only the summary line "
       "{\"bytes\": B, \"seconds\": S, \"samples\": N, \"batches\": M, ...} is printed (locally also "
       "blocks_mapped_new, blocks_reused and blocks_mb: the parsed chunks' memory, new and reused; "
