@@ -15,7 +15,9 @@
 // Datasets (written to a temporary directory at start): 64 MB of sparse DSSM-like CTF (two
 // 50000-dim streams of ~15 entries, one sample a sequence), the same converted to CBF (values
 // used in place from the mapping), and 64 MB of dense CTF (100 floats + 1).
-// Run: build/bench/loader_bench [--benchmark_filter=...]
+// Run: build/bench/loader_bench [--benchmark_filter=...]. Environment: LOADER_BENCH_MB (file
+// size, default 64), LOADER_BENCH_MINIBATCH (samples, default 4096), LOADER_BENCH_WINDOW
+// (randomization window in chunks, default every chunk).
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -126,7 +128,8 @@ void LoaderEpochs(benchmark::State& state, const DatasetConfig& config) {
   lo.planner.epochs = UINT32_MAX;
   lo.planner.randomizer.randomize = state.range(0) != 0;
   lo.planner.randomizer.seed = 1;
-  lo.planner.randomizer.window = (*ds)->index().chunks.size();
+  const char* window = std::getenv("LOADER_BENCH_WINDOW");  // chunks (default: all of them)
+  lo.planner.randomizer.window = window != nullptr ? std::strtoull(window, nullptr, 10) : (*ds)->index().chunks.size();
   lo.threads = 1;
   if (state.range(1) < 2) lo.min_plan_range_pieces = SIZE_MAX;  // planned alone
   auto loader = Loader::Create(ds->get(), assembler.get(), lo);
