@@ -39,9 +39,28 @@ LoaderService::LoaderService(std::unique_ptr<DatasetRegistry> registry, ServiceO
   if (registry_ != nullptr) {
     registry_->SetRetainedBytes(std::min<uint64_t>(chunk_cache_bytes_ / 4, uint64_t{1} << 30), chunk_cache_bytes_);
   }
+  expiry_ = std::thread([this] { ExpireLoop(); });
+}
+
+void LoaderService::ExpireLoop() {
+  const std::chrono::milliseconds timeout(std::max(1, options_.subscribe_timeout_ms));
+  // Checked a few times a timeout (at most every second): a late call ends within 1.25 of it.
+  const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1), std::max(timeout / 4, std::chrono::milliseconds(1)));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_cv_.wait_for(lock, period, [&] { return stopping_; })) {
+    // Under mu_, as Drain(): a reactor in streams_ is not yet unregistered, so it still exists.
+    const auto deadline_for_start = std::chrono::steady_clock::now() - timeout;
+    for (StreamReactor* r : streams_) (void)r->ExpireUnsubscribed(deadline_for_start, timeout);
+  }
 }
 
 LoaderService::~LoaderService() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  expiry_.join();
   std::unique_lock<std::mutex> lock(mu_);
   for (StreamReactor* r : streams_) r->Drain();  // cancels producers still running
   gone_.wait(lock, [&] { return streams_.empty(); });

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "common/sampling/parser_pool.h"
 #include "conveyor/v1/conveyor.grpc.pb.h"
@@ -66,6 +67,11 @@ class LoaderService final : public LoaderServiceBase {
   std::condition_variable gone_;
   std::set<StreamReactor*> streams_;
   bool draining_ = false;
+  // Ends Stream calls that have not subscribed within options_.subscribe_timeout_ms.
+  void ExpireLoop();
+  bool stopping_ = false;  // (mu_) the expiry thread ends
+  std::condition_variable stop_cv_;
+  std::thread expiry_;
 };
 
 }  // namespace conveyor

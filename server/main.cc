@@ -5,6 +5,8 @@
 // for signals, so SIGTERM stops a daemon that is still indexing (or blocked on a FIFO) at
 // once. The fast half (sockets, gRPC server) runs on the main thread, which then waits for
 // SIGTERM/SIGINT to drain.
+#include <grpc/support/log.h>
+#include <google/protobuf/stubs/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -13,16 +15,20 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -74,6 +80,7 @@ struct Flags {
   int parser_threads = 0, parser_threads_per_stream = 0, device = -1, index_threads = 0;
   size_t max_subscriptions = 0;
   uint64_t inline_part_bytes = 0;
+  double subscribe_timeout = 10;
 };
 
 void AddFlags(CLI::App& app, Flags* f) {
@@ -107,6 +114,10 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--max-subscriptions", f->max_subscriptions,
                  "Concurrent Stream calls allowed (default: server.maxSubscriptions, else 256)")
       ->check(CLI::Range(size_t{1}, size_t{65536}));
+  app.add_option("--subscribe-timeout", f->subscribe_timeout,
+                 "Seconds a Stream call has to send its subscribe message before it is ended with "
+                 "DEADLINE_EXCEEDED (default 10): silent calls cannot hold the subscription slots")
+      ->check(CLI::Range(0.01, 3600.0));
   app.add_option("--inline-part-bytes", f->inline_part_bytes, "Bytes of a batch per message (default 1 MiB)")
       ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 20));
   app.add_option("--tls-cert", f->tls_cert, "PEM certificate chain for TLS on TCP (default: the config's tls.cert)");
@@ -175,6 +186,7 @@ void ApplyServiceFlags(const conveyor::Config& config, Flags* f, conveyor::Servi
   if (f->parser_threads_per_stream > 0) options->parser_threads_per_stream = f->parser_threads_per_stream;
   if (f->max_subscriptions == 0) f->max_subscriptions = config.server.max_subscriptions;
   if (f->max_subscriptions > 0) options->max_subscriptions = f->max_subscriptions;
+  options->subscribe_timeout_ms = static_cast<int>(f->subscribe_timeout * 1000 + 0.5);
   if (f->inline_part_bytes > 0) options->inline_part_bytes = f->inline_part_bytes;
   if (config.server.staging_bytes > 0) options->staging_bytes = config.server.staging_bytes;
   if (config.server.min_slot_bytes > 0) options->min_slot_bytes = config.server.min_slot_bytes;
@@ -340,11 +352,72 @@ void AnnounceServing(const Prepared& p, const std::vector<std::string>& names, i
   }
 }
 
-// Serves until SIGTERM or SIGINT, then drains the streams and stops the server.
+// The gRPC listener gave up accepting because the process ran out of file descriptors: the
+// gRPC of Debian 12 (1.51) never tries again (grpc/grpc#20418), so the daemon would stay up
+// with every new connection left waiting. Set by the gRPC log hook, which then wakes the
+// main thread (SIGUSR1).
+std::atomic<bool> g_accept_failed{false};
+pthread_t g_main_thread;
+
+// gRPC's log lines as gRPC prints them, watching for "Failed accept4: Too many open files".
+void GrpcLog(gpr_log_func_args* args) {
+  const char* file = args->file != nullptr ? args->file : "?";
+  if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+  const char level = args->severity == GPR_LOG_SEVERITY_ERROR ? 'E' : args->severity == GPR_LOG_SEVERITY_INFO ? 'I' : 'D';
+  const char* message = args->message != nullptr ? args->message : "";
+  std::fprintf(stderr, "%c grpc %s:%d] %s\n", level, file, args->line, message);
+  if (std::strstr(message, "Failed accept") != nullptr && std::strstr(message, "Too many open files") != nullptr &&
+      !g_accept_failed.exchange(true)) {
+    pthread_kill(g_main_thread, SIGUSR1);
+  }
+}
+
+// libprotobuf's messages (it prints one for every string field of a request that is not
+// UTF-8, which any client can send), at most 10 a minute, then a count of those dropped.
+void ProtobufLog(google::protobuf::LogLevel level, const char* filename, int line, const std::string& message) {
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point window;
+  static int printed = 0;
+  static uint64_t dropped = 0;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu);
+  if (now - window >= std::chrono::minutes(1)) {
+    if (dropped > 0) std::fprintf(stderr, "conveyord: %llu more libprotobuf messages dropped\n", static_cast<unsigned long long>(dropped));
+    window = now;
+    printed = 0;
+    dropped = 0;
+  }
+  if (level < google::protobuf::LOGLEVEL_FATAL && printed >= 10) {
+    ++dropped;
+    return;
+  }
+  ++printed;
+  const char* file = filename != nullptr ? filename : "?";
+  if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+  std::fprintf(stderr, "[libprotobuf %s:%d] %s%s\n", file, line, message.c_str(),
+               printed == 10 ? " (the next ones this minute are dropped)" : "");
+}
+
+// The soft limit on open files raised to the hard one (often 1024 against 524288): every
+// connection, subscription and segment holds descriptors. Returns the limit in force.
+uint64_t RaiseOpenFileLimit() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    struct rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur;
+}
+
+// Serves until SIGTERM or SIGINT (or until the listener stops accepting: *accept_failed),
+// then drains the streams and stops the server.
 void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Server* server,
-                         conveyor::LoaderService* service) {
+                         conveyor::LoaderService* service, bool* accept_failed) {
   int sig = 0;
   while (sigwait(&signals, &sig) == 0 && (sig == SIGHUP || sig == SIGUSR1)) {
+    if (g_accept_failed.load()) break;
     if (sig == SIGHUP) {
       std::fprintf(stderr,
                    "conveyord: SIGHUP: reloading the configuration is not supported; restart the daemon "
@@ -353,8 +426,19 @@ void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Serve
   }
   // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
-  std::fprintf(stderr, "conveyord: %s: draining %zu stream(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-               service->active_streams());
+  *accept_failed = g_accept_failed.load();
+  if (*accept_failed) {
+    struct rlimit limit;
+    const unsigned long long files = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 0;
+    std::fprintf(stderr,
+                 "conveyord: the process ran out of file descriptors (limit %llu) and gRPC stopped accepting "
+                 "connections for good; draining %zu stream(s) and exiting with status 1 so that the supervisor "
+                 "restarts it (raise the limit, e.g. systemd's LimitNOFILE, or lower --max-subscriptions)\n",
+                 files, service->active_streams());
+  } else {
+    std::fprintf(stderr, "conveyord: %s: draining %zu stream(s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                 service->active_streams());
+  }
   service->Drain();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   server->Wait();
@@ -384,9 +468,10 @@ int Serve(Prepared p, const sigset_t& signals) {
   }
   if (!p.no_unix) ::chmod(p.unix_path.c_str(), p.unix_mode);
   AnnounceServing(p, names, port, !options.token.empty());
-  ServeUntilSignalled(p, signals, server.get(), &service);
+  bool accept_failed = false;
+  ServeUntilSignalled(p, signals, server.get(), &service, &accept_failed);
   std::fprintf(stderr, "conveyord: stopped\n");
-  return 0;
+  return accept_failed ? kExitFailure : 0;
 }
 
 constexpr char kAbout[] =
@@ -394,7 +479,9 @@ constexpr char kAbout[] =
     "gRPC (conveyor.v1.Loader), on TCP and on a unix socket. Without CONFIG it serves the bundled "
     "examples. SIGTERM or SIGINT drains: batches in flight are sent, then every client gets its "
     "last cursor and UNAVAILABLE (while still indexing, it stops at once).\n"
-    "Exit status: 0 after a drain, 1 when it cannot start (the message says why), 2 a usage error.\n"
+    "Exit status: 0 after a drain, 1 when it cannot start (the message says why) or when it ran out of "
+    "file descriptors and stopped accepting connections (drained first, for the supervisor to restart it), "
+    "2 a usage error.\n"
     "Examples:\n"
     "  conveyord my.yaml --listen 127.0.0.1:7070\n"
     "  conveyord my.yaml --listen 0.0.0.0:7070 --token-file /etc/conveyor/token --metrics 0.0.0.0:9090";
@@ -456,6 +543,10 @@ int Run(int argc, char** argv) {
   AddFlags(app, &flags);
   if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;
   const sigset_t signals = BlockSignals();
+  g_main_thread = pthread_self();
+  gpr_set_log_function(GrpcLog);
+  google::protobuf::SetLogHandler(ProtobufLog);
+  RaiseOpenFileLimit();
   absl::StatusOr<Prepared> prepared = PrepareInterruptibly(flags, signals);
   if (!prepared.ok()) {
     std::fprintf(stderr, "conveyord: %s\n", std::string(prepared.status().message()).c_str());

@@ -11,6 +11,11 @@ void ConfigureServerBuilder(grpc::ServerBuilder* builder, const ServiceOptions& 
   // default (5 minutes, then GOAWAY after two strikes) would cut them off.
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, options.min_client_ping_ms);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; gRPC's own
+  // default is unlimited): a trainer needs a few, and a peer opening thousands (health Watch
+  // streams, calls that never subscribe) would hold memory for each. A client past it waits
+  // for a slot rather than failing.
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
 }
 
 void ApplyMemoryBudgets(const Config::Server& server, ServiceOptions* options) {

@@ -13,7 +13,9 @@ namespace conveyor {
 // Keepalive pings every options.keepalive_time_ms (a peer silent for keepalive_timeout_ms
 // more is dropped, its calls end), pings allowed without calls, and clients allowed to ping
 // every options.min_client_ping_ms without being told to go away.
+// At most kMaxStreamsPerConnection calls at once on one connection.
 void ConfigureServerBuilder(grpc::ServerBuilder* builder, const ServiceOptions& options);
+inline constexpr int kMaxStreamsPerConnection = 128;
 
 // The `server:` block's memory budgets (subscriptionBytes, inFlightBytes, chunkCacheBytes)
 // into `options`; keys left out (0) keep the defaults.

@@ -21,6 +21,10 @@ struct ServiceOptions {
   int parser_threads_per_stream = 2;  // chunks one subscription parses at once (from the pool)
   ParserPool* parser_pool = nullptr;  // not owned; nullptr: the service makes its own (parser_threads)
   size_t max_subscriptions = 256;
+  // A Stream call must send its subscribe message within this long, or it ends with
+  // DEADLINE_EXCEEDED: calls that never subscribe would otherwise hold the subscription
+  // slots (max_subscriptions) for as long as their peer keeps the connection.
+  int subscribe_timeout_ms = 10000;
   FdServer* fd_server = nullptr;  // enables TRANSPORT_SHARED_MEMORY; not owned
   uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
   double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch

@@ -57,6 +57,17 @@ void StreamReactor::Refuse(const grpc::Status& status) {
   FinishLocked(status);
 }
 
+bool StreamReactor::ExpireUnsubscribed(std::chrono::steady_clock::time_point deadline_for_start,
+                                       std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (subscribed_ || finish_called_ || !final_status_.ok() || started_ > deadline_for_start) return false;
+  producer_done_ = true;
+  FinishLocked(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            absl::StrCat("no subscribe message within ", timeout.count() / 1000.0,
+                                         " s of the call's start (conveyord --subscribe-timeout)")));
+  return true;
+}
+
 void StreamReactor::FinishLocked(const grpc::Status& status) {
   if (finish_called_) return;
   final_status_ = status;

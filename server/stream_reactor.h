@@ -15,6 +15,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -48,6 +49,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Drain();
   // Finishes right away with `status` (before any subscription exists).
   void Refuse(const grpc::Status& status);
+  // Ends the call with DEADLINE_EXCEEDED when it has not subscribed by `deadline` (its first
+  // message is late); true if it did.
+  bool ExpireUnsubscribed(std::chrono::steady_clock::time_point deadline_for_start,
+                          std::chrono::milliseconds timeout);
 
  private:
   // The producer thread: setup, then Produce(), then its share of the teardown.
@@ -65,6 +70,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   void Destroy();
 
   LoaderService* const service_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   grpc::ByteBuffer request_bytes_;  // the read in flight
   v1::StreamRequest request_;       // ... parsed
   grpc::ByteBuffer current_;        // the write in flight

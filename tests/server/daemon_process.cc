@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,6 +49,10 @@ DaemonProcess::DaemonProcess(const std::string& dir, const DaemonProcessOptions&
       const int fd = ::open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd >= 0) ::dup2(fd, 2);
     }
+    if (options.max_open_files > 0) {
+      const struct rlimit limit = {options.max_open_files, options.max_open_files};
+      ::setrlimit(RLIMIT_NOFILE, &limit);
+    }
     ::execv(CONVEYORD_BINARY, argv.data());
     ::_exit(127);
   }
@@ -75,6 +80,20 @@ int DaemonProcess::Kill(int sig) {
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
   return status;
+}
+
+int DaemonProcess::WaitExit(double seconds) {
+  if (pid_ <= 0) return -1;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() > until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 uint64_t DaemonProcess::RssBytes() const {

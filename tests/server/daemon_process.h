@@ -18,6 +18,7 @@ struct DaemonProcessOptions {
   std::string listen = "127.0.0.1:0";  // TCP; a fixed port for a restart at the same address
   std::vector<std::string> extra;  // more flags
   std::string stderr_path;         // its stderr goes to this file (default: the test's)
+  uint64_t max_open_files = 0;     // RLIMIT_NOFILE, soft and hard (0: inherited)
 };
 
 class DaemonProcess {
@@ -37,6 +38,9 @@ class DaemonProcess {
   void Signal(int sig);
   // Sends `sig` and waits for the process; returns its wait status (-1 if not running).
   int Kill(int sig);
+  // Waits up to `seconds` for the process to exit by itself; its wait status, or -1 if it is
+  // still running (or was not).
+  int WaitExit(double seconds);
   // From /proc/PID: resident memory (VmRSS) in bytes and the number of threads.
   uint64_t RssBytes() const;
   int Threads() const;

@@ -1,7 +1,10 @@
 // conveyord as a process: kill -9 mid-epoch, restart, resume from the last batch consumed:
 // every sequence of the epoch arrives, none twice. SIGTERM drains and exits 0. A daemon
 // frozen by SIGSTOP is noticed within seconds (keepalive, idle deadline) and left for a replica.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,9 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
 
 #include "client/cpp/conveyor_client.h"
 #include "gtest/gtest.h"
@@ -253,6 +260,93 @@ TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {
   }
   stopper.join();
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+}
+
+// Out of file descriptors, the gRPC listener of Debian 12 (1.51) logs "Failed accept4: Too
+// many open files" and never accepts again, even once descriptors are free (grpc#20418): a
+// hostile peer holding connections, or too many trainers, would leave the daemon up but
+// deaf. It drains and exits with status 1 instead (for systemd or Kubernetes to restart it),
+// saying why; a subscription already running ends UNAVAILABLE with its cursor.
+TEST(DaemonProcess, RunningOutOfFileDescriptorsDrainsAndExitsForARestart) {
+  TempDir dir;
+  DaemonProcessOptions o;
+  o.max_open_files = 64;
+  o.stderr_path = dir.path() + "/conveyord.log";
+  DaemonProcess d(dir.path(), o);
+  ASSERT_TRUE(d.started());
+  auto client = Client::Connect(d.address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  SubscribeOptions once;
+  once.reconnect = false;
+  v1::Subscribe s = Sub();
+  s.set_epochs(1000);
+  auto sub = (*client)->Subscribe(s, once);
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  ReceivedBatch b;
+  ASSERT_TRUE(*(*sub)->Next(&b));
+  // More connections than descriptors: the kernel completes them, gRPC accepts until EMFILE.
+  const int port = std::stoi(d.address().substr(d.address().rfind(':') + 1));
+  std::vector<int> sockets;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    sockets.push_back(fd);
+  }
+  absl::Status end;
+  for (int i = 0; i < 100000; ++i) {
+    auto more = (*sub)->Next(&b);
+    if (!more.ok()) {
+      end = more.status();
+      break;
+    }
+  }
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+  const int status = d.WaitExit(20);
+  for (int fd : sockets) ::close(fd);
+  ASSERT_NE(status, -1) << "still running";
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  std::ifstream log(o.stderr_path);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("conveyord: the process ran out of file descriptors (limit 64) and gRPC stopped accepting "
+                      "connections for good; draining 1 stream(s) and exiting with status 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Too many open files"), std::string::npos) << text;
+}
+
+// libprotobuf prints a line for every request string that is not UTF-8; any client can send
+// such requests, so the daemon lets at most 10 of them through a minute.
+TEST(DaemonProcess, RequestsThatAreNotUtf8DoNotFloodItsLog) {
+  TempDir dir;
+  DaemonProcessOptions o;
+  o.stderr_path = dir.path() + "/conveyord.log";
+  DaemonProcess d(dir.path(), o);
+  ASSERT_TRUE(d.started());
+  auto channel = grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  static const grpc::internal::RpcMethod kDescribe("/conveyor.v1.Loader/DescribeDataset",
+                                                   grpc::internal::RpcMethod::NORMAL_RPC);
+  const char body[] = {0x0a, 0x02, static_cast<char>(0xff), static_cast<char>(0xfe)};  // dataset: 2 bytes, not UTF-8
+  for (int i = 0; i < 200; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice slice(body, sizeof(body));
+    grpc::ByteBuffer request(&slice, 1), response;
+    const grpc::Status st = grpc::internal::BlockingUnaryCall(channel.get(), kDescribe, &ctx, request, &response);
+    ASSERT_FALSE(st.ok());
+  }
+  EXPECT_EQ(d.Kill(SIGTERM), 0);
+  std::ifstream log(o.stderr_path);
+  std::string line;
+  int protobuf_lines = 0;
+  while (std::getline(log, line)) protobuf_lines += line.rfind("[libprotobuf", 0) == 0;
+  EXPECT_GE(protobuf_lines, 1);
+  EXPECT_LE(protobuf_lines, 10);
 }
 
 // A daemon frozen by SIGSTOP keeps its connections open (the kernel still acknowledges TCP),

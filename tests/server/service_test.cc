@@ -388,6 +388,86 @@ TEST(Service, ARequestThatDoesNotParseIsInvalidArgument) {
   }
 }
 
+// Stream calls that never send their subscribe message would hold the subscription slots
+// for as long as their peer keeps the connection (a hostile peer's: 256 silent calls and no
+// trainer gets in). Each ends with DEADLINE_EXCEEDED after the subscribe timeout, and the
+// slots are free again.
+TEST(Service, CallsThatNeverSubscribeEndAfterTheSubscribeTimeout) {
+  ServiceOptions o;
+  o.max_subscriptions = 4;
+  o.subscribe_timeout_ms = 300;
+  Daemon d(o);
+  auto channel = grpc::CreateChannel(d.tcp(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Loader::NewStub(channel);
+  struct Silent {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream;
+  };
+  std::vector<std::unique_ptr<Silent>> silent;
+  const auto started = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i) {
+    auto c = std::make_unique<Silent>();
+    c->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    c->stream = stub->Stream(&c->ctx);
+    silent.push_back(std::move(c));
+  }
+  ASSERT_TRUE(WaitFor(5, [&] { return d.service().active_streams() == 4; }));
+  // Every slot held: a fifth call is refused at once.
+  EXPECT_EQ(RawStream(d.tcp(), {SubscribeRequest(Sub("simple", 4))}).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  for (auto& c : silent) {
+    v1::StreamResponse ignored;
+    EXPECT_FALSE(c->stream->Read(&ignored));
+    const grpc::Status st = c->stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+    EXPECT_EQ(st.error_message(), "no subscribe message within 0.3 s of the call's start (conveyord --subscribe-timeout)");
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_GE(waited, 0.3);
+  EXPECT_LT(waited, 10.0);
+  ASSERT_TRUE(WaitFor(5, [&] { return d.service().active_streams() == 0; }));
+  // A subscriber that does subscribe in time is served to its end.
+  auto client = Client::Connect(d.tcp());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto sub = (*client)->Subscribe(Sub("simple", 4));
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  auto got = Drain(sub->get());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, LocalDump("simple", 4));
+}
+
+// One connection holds at most kMaxStreamsPerConnection calls at once (HTTP/2's
+// SETTINGS_MAX_CONCURRENT_STREAMS): the calls past it wait in the client, not in the daemon.
+TEST(Service, OneConnectionOpensAtMostItsShareOfCalls) {
+  ServiceOptions o;
+  o.max_subscriptions = 1000;
+  Daemon d(o);
+  auto channel = grpc::CreateChannel(d.tcp(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Loader::NewStub(channel);
+  struct Call {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::StreamRequest, v1::StreamResponse>> stream;
+  };
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kMaxStreamsPerConnection + 20; ++i) {
+    auto c = std::make_unique<Call>();
+    c->stream = stub->AsyncStream(&c->ctx, &cq, c.get());
+    calls.push_back(std::move(c));
+  }
+  ASSERT_TRUE(WaitFor(10, [&] { return d.service().active_streams() >= static_cast<size_t>(kMaxStreamsPerConnection); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(d.service().active_streams(), static_cast<size_t>(kMaxStreamsPerConnection));
+  for (auto& c : calls) c->ctx.TryCancel();
+  void* tag;
+  bool ok;
+  for (size_t i = 0; i < calls.size(); ++i) ASSERT_TRUE(cq.Next(&tag, &ok));  // each call's start
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  EXPECT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+}
+
 TEST(Service, ResumeFromACursorContinuesExactly) {
   Daemon d;
   auto client = Client::Connect(d.tcp());
