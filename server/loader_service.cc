@@ -80,37 +80,19 @@ grpc::Status LoaderService::Authorize(grpc::CallbackServerContext* ctx) const {
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "a valid 'authorization: Bearer <token>' is required");
 }
 
-grpc::ServerUnaryReactor* LoaderService::ListDatasets(grpc::CallbackServerContext* ctx,
-                                                      const v1::ListDatasetsRequest*,
-                                                      v1::ListDatasetsResponse* resp) {
-  auto* r = ctx->DefaultReactor();
-  grpc::Status auth = Authorize(ctx);
-  if (!auth.ok()) {
-    r->Finish(auth);
-    return r;
-  }
+grpc::Status LoaderService::DoListDatasets(const v1::ListDatasetsRequest&, v1::ListDatasetsResponse* resp) {
   for (const std::string& n : registry_->Names()) resp->add_datasets(n);
-  r->Finish(grpc::Status::OK);
-  return r;
+  return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerContext* ctx,
-                                                         const v1::DescribeDatasetRequest* req,
-                                                         v1::DatasetDescription* resp) {
-  auto* r = ctx->DefaultReactor();
-  grpc::Status auth = Authorize(ctx);
-  if (!auth.ok()) {
-    r->Finish(auth);
-    return r;
-  }
+grpc::Status LoaderService::DoDescribeDataset(const v1::DescribeDatasetRequest& request, v1::DatasetDescription* resp) {
+  const v1::DescribeDatasetRequest* req = &request;
   if (req->dataset().size() > kMaxName) {
-    r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "dataset name longer than 256 bytes"));
-    return r;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "dataset name longer than 256 bytes");
   }
   auto ds = registry_->Find(req->dataset());
   if (!ds.ok()) {
-    r->Finish(ToGrpc(ds.status()));
-    return r;
+    return ToGrpc(ds.status());
   }
   const Dataset& d = **ds;
   const DatasetConfig& c = d.config();
@@ -132,8 +114,52 @@ grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerCon
   resp->set_randomization_window(c.randomization_window.value_or(DefaultRandomizationWindow(
       d.index(), c.deserializers[0].chunk_size_in_bytes, c.sample_based_randomization_window)));
   resp->set_frame_mode(c.frame_mode);
-  r->Finish(grpc::Status::OK);
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// A unary call on raw bytes: the token checked before anything is parsed (UNAUTHENTICATED,
+// not a parse error, for a caller without it), a request that does not parse is
+// INVALID_ARGUMENT saying so (gRPC's own parse of a typed request answered UNIMPLEMENTED
+// with no message), then `handle`.
+template <typename Request, typename Response, typename Handle>
+grpc::ServerUnaryReactor* RawUnary(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request_bytes,
+                                   grpc::ByteBuffer* response_bytes, const grpc::Status& auth, Handle handle) {
+  auto* r = ctx->DefaultReactor();
+  if (!auth.ok()) {
+    r->Finish(auth);
+    return r;
+  }
+  Request request;
+  grpc::ByteBuffer copy(*request_bytes);  // (Deserialize takes its buffer; a copy shares the slices)
+  if (!grpc::SerializationTraits<Request>::Deserialize(&copy, &request).ok()) {
+    r->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           absl::StrCat("a message that does not parse as a ", Request::descriptor()->full_name())));
+    return r;
+  }
+  Response response;
+  grpc::Status st = handle(request, &response);
+  bool own = false;
+  if (st.ok()) st = grpc::SerializationTraits<Response>::Serialize(response, response_bytes, &own);
+  r->Finish(st);
   return r;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* LoaderService::ListDatasets(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                                      grpc::ByteBuffer* resp) {
+  return RawUnary<v1::ListDatasetsRequest, v1::ListDatasetsResponse>(
+      ctx, req, resp, Authorize(ctx),
+      [this](const v1::ListDatasetsRequest& in, v1::ListDatasetsResponse* out) { return DoListDatasets(in, out); });
+}
+
+grpc::ServerUnaryReactor* LoaderService::DescribeDataset(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                                         grpc::ByteBuffer* resp) {
+  return RawUnary<v1::DescribeDatasetRequest, v1::DatasetDescription>(
+      ctx, req, resp, Authorize(ctx),
+      [this](const v1::DescribeDatasetRequest& in, v1::DatasetDescription* out) { return DoDescribeDataset(in, out); });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LoaderService::Stream(grpc::CallbackServerContext* ctx) {

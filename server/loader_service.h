@@ -27,8 +27,10 @@ namespace conveyor {
 
 // Stream is registered raw (ByteBuffers both ways): the reactor writes inline batches from
 // their buffers (stream_reactor.h). The wire is the same protobuf.
-using LoaderServiceBase = v1::Loader::WithCallbackMethod_ListDatasets<
-    v1::Loader::WithCallbackMethod_DescribeDataset<v1::Loader::WithRawCallbackMethod_Stream<v1::Loader::Service>>>;
+// The unary calls are raw too, so that a request that does not parse gets INVALID_ARGUMENT
+// with a message (and a caller without the token UNAUTHENTICATED first).
+using LoaderServiceBase = v1::Loader::WithRawCallbackMethod_ListDatasets<
+    v1::Loader::WithRawCallbackMethod_DescribeDataset<v1::Loader::WithRawCallbackMethod_Stream<v1::Loader::Service>>>;
 
 class LoaderService final : public LoaderServiceBase {
  public:
@@ -37,10 +39,10 @@ class LoaderService final : public LoaderServiceBase {
   // OnDone() calls come first); producers stop at once, their loaders cancelled.
   ~LoaderService() override;
 
-  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* ctx, const v1::ListDatasetsRequest* req,
-                                         v1::ListDatasetsResponse* resp) override;
-  grpc::ServerUnaryReactor* DescribeDataset(grpc::CallbackServerContext* ctx, const v1::DescribeDatasetRequest* req,
-                                            v1::DatasetDescription* resp) override;
+  grpc::ServerUnaryReactor* ListDatasets(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* DescribeDataset(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                            grpc::ByteBuffer* resp) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(grpc::CallbackServerContext* ctx) override;
 
   // Stops new subscriptions and drains the open ones.
@@ -52,6 +54,8 @@ class LoaderService final : public LoaderServiceBase {
 
  private:
   friend class StreamReactor;
+  grpc::Status DoListDatasets(const v1::ListDatasetsRequest& req, v1::ListDatasetsResponse* resp);
+  grpc::Status DoDescribeDataset(const v1::DescribeDatasetRequest& req, v1::DatasetDescription* resp);
   void Unregister(StreamReactor* r);
   // OK for unix-socket peers and for TCP calls with the right bearer token.
   grpc::Status Authorize(grpc::CallbackServerContext* ctx) const;

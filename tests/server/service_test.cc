@@ -3,6 +3,7 @@
 // split the data; credits bound a stalled subscriber; bad requests are refused.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -466,6 +467,34 @@ TEST(Service, OneConnectionOpensAtMostItsShareOfCalls) {
   while (cq.Next(&tag, &ok)) {
   }
   EXPECT_TRUE(WaitFor(10, [&] { return d.service().active_streams() == 0; }));
+}
+
+// The unary calls take their requests raw: bytes that do not parse are INVALID_ARGUMENT
+// saying so (gRPC's typed handlers answered UNIMPLEMENTED with no message), and a TCP caller
+// without the token is UNAUTHENTICATED before anything is parsed.
+TEST(Service, UnaryRequestsThatDoNotParseAreInvalidArgumentAfterTheTokenCheck) {
+  ServiceOptions o;
+  o.token = "s3cret";
+  Daemon d(o);
+  const char garbage[] = {0x0a, 0x7f};  // field 1, 127 bytes long, in a 2-byte message
+  auto call = [&](const std::string& address, const char* method) {
+    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+    const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    grpc::Slice slice(garbage, sizeof(garbage));
+    grpc::ByteBuffer request(&slice, 1), response;
+    return grpc::internal::BlockingUnaryCall(channel.get(), rpc, &ctx, request, &response);
+  };
+  for (const char* method : {"/conveyor.v1.Loader/ListDatasets", "/conveyor.v1.Loader/DescribeDataset"}) {
+    const grpc::Status tcp = call(d.tcp(), method);
+    EXPECT_EQ(tcp.error_code(), grpc::StatusCode::UNAUTHENTICATED) << method << ": " << tcp.error_message();
+    const grpc::Status unix_socket = call(d.unix_socket(), method);
+    EXPECT_EQ(unix_socket.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(unix_socket.error_message(),
+              std::string("a message that does not parse as a conveyor.v1.") +
+                  (std::string(method).find("List") != std::string::npos ? "ListDatasetsRequest" : "DescribeDatasetRequest"));
+  }
 }
 
 TEST(Service, ResumeFromACursorContinuesExactly) {
