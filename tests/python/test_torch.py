@@ -85,8 +85,20 @@ class TorchTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.config = os.path.join(cls.tmp.name, "conveyor.yaml")
+        # Rows whose line lacks a stream (the third), and an alias that matches nothing.
+        holes = os.path.join(cls.tmp.name, "holes.ctf")
+        with open(holes, "w") as f:
+            f.write("|features 1 2 |labels 1 0\n|features 3 4 |labels 0 1\n|labels 1 0\n|features 7 8 |labels 0 1\n")
+        extra = "".join(f"""
+  {name}:
+    randomize: false
+    file: {holes}
+    input:
+      features: {{dim: 2, format: dense{alias}}}
+      labels: {{dim: 2, format: dense}}
+""" for name, alias in (("holes", ""), ("absent", ", alias: feat")))
         with open(cls.config, "w") as f:
-            f.write(CONFIG)
+            f.write(CONFIG + extra)
         port_file = os.path.join(cls.tmp.name, "port")
         cls.sock = os.path.join(cls.tmp.name, "d.sock")
         # The daemon's log goes to a file, not a pipe drained by a thread of this process: such
@@ -350,6 +362,26 @@ class TorchTest(unittest.TestCase):
         self.assertTrue((~m).any())  # utterances of different lengths: some padding to check
         default = next(iter(self.dataset("speech", minibatch_size=2000)))
         self.assertTrue(torch.all(default["labels"][~default["_mask"]["labels"]] == -100))
+
+    def test_rows_without_a_stream_are_masked_not_invented(self):
+        # One sample a sequence gives [rows, dim]; a row whose line has no `features` is zeros
+        # there, and the stream then gets a mask and lengths (and a warning), where it used to
+        # be zeros no one could tell from data, or a reshape error for a stream in no row.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            b = next(iter(self.dataset("holes", minibatch_size=4)))
+        self.assertEqual(b["features"].tolist(), [[1, 2], [3, 4], [0, 0], [7, 8]])
+        self.assertEqual(b["_mask"]["features"].tolist(), [True, True, False, True])
+        self.assertEqual(b["_lengths"]["features"].tolist(), [1, 1, 0, 1])
+        self.assertNotIn("labels", b["_mask"])
+        self.assertTrue(any("1 of 4 rows of a batch have no sample of stream 'features'" in str(w.message)
+                            for w in caught), [str(w.message) for w in caught])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a = next(iter(self.dataset("absent", minibatch_size=4)))
+        self.assertEqual(a["features"].tolist(), [[0, 0]] * 4)
+        self.assertEqual(a["_mask"]["features"].tolist(), [False] * 4)
+        self.assertEqual(a["labels"].tolist(), [[1, 0], [0, 1], [1, 0], [0, 1]])
 
     def test_dtypes_are_round_to_nearest_even_from_float32(self):
         full = next(iter(self.dataset("speech", minibatch_size=3000)))["features"]

@@ -410,6 +410,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         frame_mode = desc.frame_mode if frame_mode is None else frame_mode
         # Single-sample sequences (or frames) are delivered [rows, dim], without a time axis.
         self._single = bool(frame_mode) or (desc.samples == desc.sequences and not args.get("truncation"))
+        self._warned_holes = set()  # streams whose missing samples were warned about
         kwargs = dict(minibatch_size=self.minibatch_size, rank=self.rank, world=self.world,
                       transport=self.transport, layouts=layouts, **args)
         if self.dtypes:
@@ -560,16 +561,23 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
     def _tensors(self, batch):
         batch = self._owned(batch)
         out, lengths, masks = {}, {}, {}
+        rows = batch.descriptor.rows
         for s in batch.descriptor.streams:
             single = self._single and s.sequence_axis and s.max_length <= 1 and not batch.descriptor.steps
-            lens = None if single else batch.lengths(s.name)  # single samples: no lengths to give
+            lens = batch.lengths(s.name) if s.sequence_axis else None
             lens = None if lens is None else _tensor(lens).long()
+            # One sample a sequence: [rows, dim] (no step axis), unless a row lacks the stream
+            # (its line had no such input): that row is zeros (or id_padding), and the stream
+            # gets a mask and lengths like a sequence stream's, with a warning the first time.
+            holes = single and lens is not None and bool((lens < 1).any())
             if s.format == _FORMAT_SPARSE and batch.layout(s.name) != "dense":
                 out[s.name] = _sparse(batch, s.name)
             elif s.format == _FORMAT_IDS:
                 ids = _tensor(batch.ids(s.name)).long()
                 if single:
-                    ids = ids.reshape(ids.shape[0])
+                    ids = ids.reshape(rows) if ids.numel() == rows else torch.zeros(rows, dtype=ids.dtype, device=ids.device)
+                    if holes:
+                        ids = ids.masked_fill(lens.to(ids.device) < 1, self.id_padding)
                 elif lens is not None and ids.dim() == 2:
                     pad = torch.arange(ids.shape[1], device=ids.device)[None, :] >= lens.to(ids.device)[:, None]
                     ids = ids.masked_fill(pad, self.id_padding)
@@ -577,9 +585,21 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
             else:
                 values = _dense_tensor(batch, s)
                 if single:
-                    values = values.reshape(values.shape[0], values.shape[-1])
+                    dim = values.shape[-1]
+                    values = (values.reshape(rows, dim) if values.numel() == rows * dim
+                              else torch.zeros((rows, dim), dtype=values.dtype, device=values.device))
                 out[s.name] = values
-            if lens is not None and not single:
+            if holes:
+                lengths[s.name] = lens
+                masks[s.name] = lens.cpu() >= 1
+                if s.name not in self._warned_holes:
+                    self._warned_holes.add(s.name)
+                    missing = int((lens < 1).sum())
+                    warnings.warn(f"conveyor: {missing} of {rows} rows of a batch have no sample of stream {s.name!r} "
+                                  f"(their lines lack that input, or its name or alias matches nothing in the "
+                                  f"file): given as zeros; batch['_mask'][{s.name!r}] is False there",
+                                  RuntimeWarning, stacklevel=2)
+            elif lens is not None and not single:
                 lengths[s.name] = lens
                 masks[s.name] = torch.arange(max(int(s.max_length), 1))[None, :] < lens.cpu()[:, None]
         out["_lengths"] = lengths
