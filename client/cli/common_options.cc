@@ -1,6 +1,7 @@
 #include "client/cli/common_options.h"
 
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,33 @@ namespace conveyor::cli {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "conveyor: %s\n", std::string(status.message()).c_str());
   return kExitFailure;
+}
+
+CLI::Validator DaemonAddress(bool allow_path) {
+  return CLI::Validator(
+      [allow_path](std::string& value) -> std::string {
+        size_t from = 0;
+        while (from <= value.size()) {
+          const size_t comma = value.find(',', from);
+          const std::string part = value.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+          from = comma == std::string::npos ? value.size() + 1 : comma + 1;
+          if (part.empty()) return "an empty address (a stray comma?)";
+          bool scheme = false;
+          for (const char* s : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"}) scheme = scheme || part.rfind(s, 0) == 0;
+          if (scheme || (allow_path && part[0] == '/')) continue;
+          const size_t colon = part.rfind(':');
+          const size_t bracket = part.rfind(']');
+          const bool has_port = colon != std::string::npos && (bracket == std::string::npos || colon > bracket) &&
+                                colon + 1 < part.size() &&
+                                part.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+          if (!has_port) {
+            return "'" + part + "' has no port: write host:port (e.g. " + part + ":7070), unix:/path" +
+                   (allow_path ? " or a socket's path" : "");
+          }
+        }
+        return std::string();
+      },
+      "ADDR");
 }
 
 int FailUsage(const std::string& command, const absl::Status& status) {

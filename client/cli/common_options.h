@@ -21,6 +21,12 @@ namespace conveyor::cli {
 
 // Prints "conveyor: <message>" on stderr and returns 1 (kExitFailure).
 int Fail(const absl::Status& status);
+
+// Checks a daemon address option: each comma-separated part is host:port (a bracketed IPv6
+// host too), or a gRPC target with a scheme (unix:, unix-abstract:, dns:, ipv4:, ipv6:), or
+// with `allow_path` a socket's path (/...). A host without a port is refused with what to write
+// (gRPC would take it as port 443 and retry it for seconds).
+CLI::Validator DaemonAddress(bool allow_path);
 // A command line that cannot mean anything (options that contradict each other, a value
 // outside its words): prints "conveyor COMMAND: <message>; see 'conveyor COMMAND --help'" and
 // returns 2 (kExitUsage), as a parse error does.

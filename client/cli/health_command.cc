@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "client/cli/commands.h"
+#include "client/cli/common_options.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace conveyor::cli {
@@ -69,7 +70,9 @@ void RegisterHealth(CLI::App& app, int* exit_code) {
       "Ask a daemon whether it serves (the gRPC health protocol, grpc.health.v1): prints SERVING and "
       "exits 0, or exits 1 when it is draining, starting or unreachable. Plaintext only: point it at "
       "the unix socket or a TCP port without TLS (the health service needs no token).");
-  cmd->add_option("address", args->address, "Daemon address: host:port, unix:/path or a socket's path")->required();
+  cmd->add_option("address", args->address, "Daemon address: host:port, unix:/path or a socket's path")
+      ->required()
+      ->check(DaemonAddress(/*allow_path=*/true));
   cmd->add_option("--timeout", args->timeout, "Seconds to wait for the answer (default 3)")->check(CLI::Range(0.05, 600.0));
   cmd->add_flag("--quiet", args->quiet, "Print nothing; only the exit status tells");
   cmd->callback([args, exit_code] { *exit_code = RunHealth(*args); });

@@ -118,7 +118,8 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
   cmd->add_option("address", args->address,
                   "Daemon address: host:port, unix:/path, dns:///name:port, or replicas separated by commas "
                   "(a stream whose daemon fails resumes on the next)")
-      ->required();
+      ->required()
+      ->check(DaemonAddress(/*allow_path=*/false));
   cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
   cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)")

@@ -1,6 +1,11 @@
 #include "common/formats/ctf/ctf_deserializer.h"
 
+#include <algorithm>
+#include <set>
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/formats/chunked_file.h"
 #include "common/formats/ctf/ctf_indexer.h"
 #include "common/formats/ctf/ctf_parser.h"
@@ -24,6 +29,7 @@ class CtfDeserializer final : public ChunkedFileDeserializer {
  private:
   absl::Status LoadOrBuildIndex(const DeserializerContext& context);
   absl::Status SpendIndexErrors();
+  void WarnAboutAbsentInputs();
 
   std::unique_ptr<CtfParser> parser_;
 };
@@ -34,6 +40,7 @@ absl::Status CtfDeserializer::Open(const DeserializerContext& context) {
   RETURN_IF_ERROR(MapFile(context));
   RETURN_IF_ERROR(LoadOrBuildIndex(context));
   RETURN_IF_ERROR(SpendIndexErrors());
+  WarnAboutAbsentInputs();
   CtfParserOptions po;
   po.path = d.file;
   po.streams = streams_;
@@ -84,6 +91,38 @@ absl::Status CtfDeserializer::LoadOrBuildIndex(const DeserializerContext& contex
     }
   }
   return absl::OkStatus();
+}
+
+// An input whose name in the file (its alias, else its name) is misspelt in the configuration
+// matches nothing: every sequence would lack it, silently (a line without an input is
+// legal). So the inputs the file's first 1 MiB names are compared with those configured, and
+// each configured one not among them is a warning listing what the file does name there.
+void CtfDeserializer::WarnAboutAbsentInputs() {
+  constexpr uint64_t kLook = uint64_t{1} << 20;
+  const uint64_t size = file_->bytes().size();
+  const uint64_t n = std::min(size, kLook);
+  if (n == 0) return;
+  std::string head(n, '\0');
+  if (!file_->Read(0, n, head.data()).ok()) return;  // (a read error is the parse's to report)
+  std::set<std::string> seen;
+  for (size_t at = head.find('|'); at != std::string::npos && seen.size() < 256; at = head.find('|', at + 1)) {
+    size_t end = at + 1;
+    while (end < head.size() && head[end] != ' ' && head[end] != '\t' && head[end] != '|' && head[end] != '\n' &&
+           head[end] != '\r') {
+      ++end;
+    }
+    if (end > at + 1 && head[at + 1] != '#' && end < head.size()) seen.insert(head.substr(at + 1, end - at - 1));
+  }
+  if (seen.empty()) return;
+  for (const StreamConfig& s : streams_) {
+    if (seen.count(s.alias) > 0) continue;
+    const std::string which = s.alias == s.name ? absl::StrCat("input '", s.name, "'")
+                                                : absl::StrCat("input '", s.name, "' (alias '", s.alias, "')");
+    diagnostics_->Report(Severity::kWarning, "config",
+                         absl::StrCat(which, n == size ? " never occurs in " : " does not occur in the first 1 MiB of ",
+                                      path_, " (the inputs there: ", absl::StrJoin(seen, ", "),
+                                      "); its sequences will have no samples of it unless its name or alias is fixed"));
+  }
 }
 
 // Blank rows and repeated ids found by the index pass are input errors like any other.

@@ -52,6 +52,22 @@ TEST_F(CtfReader, DecodesSeedSimpleExample) {
             "{\"epoch\":0,\"batch\":0,\"key\":\"2\",\"streams\":{\"A\":{\"dense\":[[3.9000001,1.11000001,121.199997,99.1299973,0.0399999991]]},\"B\":{\"sparse\":[[[999,0.00100000005],[918918,-9.18999958]]]},\"C\":{\"dense\":[[-0.00100000005]]}}}\n");
 }
 
+// An input whose name or alias matches nothing in the file leaves every sequence without it,
+// which the format allows line by line: a warning at open names it and what the file has.
+TEST_F(CtfReader, AnInputTheFileNeverNamesIsAWarningAtOpen) {
+  auto out = Read("|f 1 2 |lab 1 0\n|f 3 4 |lab 0 1 |# a comment |x\n",
+                  "{features: {alias: feat, dim: 2, format: dense}, lab: {dim: 2, format: dense}}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(Logged("input 'features' (alias 'feat') never occurs in " + dir_.path() + "/data.ctf (the inputs "
+                     "there: f, lab, x); its sequences will have no samples of it unless its name or alias is fixed"))
+      << ::testing::PrintToString(messages_);
+  EXPECT_FALSE(Logged("input 'lab'"));
+  // Named by the file: no warning.
+  auto fine = Read("|f 1 2 |lab 1 0\n", "{features: {alias: f, dim: 2, format: dense}, lab: {dim: 2, format: dense}}");
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_FALSE(Logged("never occurs")) << ::testing::PrintToString(messages_);
+}
+
 constexpr char kExtendedData[] =
     "100 |a 1 2 3 |b 100 200\n"
     "100 |a 4 5 6 |b 101 201\n"
