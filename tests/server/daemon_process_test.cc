@@ -39,6 +39,15 @@ v1::Subscribe Sub() {
   return s;
 }
 
+// Reads `sub` (at most 100000 batches) until a Next() fails; that error.
+absl::Status ReadUntilItFails(Subscription* sub, ReceivedBatch* b) {
+  for (int i = 0; i < 100000; ++i) {
+    auto more = sub->Next(b);
+    if (!more.ok()) return more.status();
+  }
+  return absl::OkStatus();
+}
+
 TEST(DaemonProcess, KillNineRestartResumeDeliversEverySequenceOnce) {
   TempDir dir;
   std::multiset<uint64_t> keys;
@@ -250,14 +259,7 @@ TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {
   ReceivedBatch b;
   ASSERT_TRUE(*(*sub)->Next(&b));
   std::thread stopper([&] { EXPECT_EQ(d.Kill(SIGTERM), 0); });
-  absl::Status end;
-  for (int i = 0; i < 100000; ++i) {
-    auto more = (*sub)->Next(&b);
-    if (!more.ok()) {
-      end = more.status();
-      break;
-    }
-  }
+  const absl::Status end = ReadUntilItFails(sub->get(), &b);
   stopper.join();
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
 }
@@ -297,14 +299,7 @@ TEST(DaemonProcess, RunningOutOfFileDescriptorsDrainsAndExitsForARestart) {
     ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
     sockets.push_back(fd);
   }
-  absl::Status end;
-  for (int i = 0; i < 100000; ++i) {
-    auto more = (*sub)->Next(&b);
-    if (!more.ok()) {
-      end = more.status();
-      break;
-    }
-  }
+  const absl::Status end = ReadUntilItFails(sub->get(), &b);
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
   const int status = d.WaitExit(20);
   for (int fd : sockets) ::close(fd);

@@ -561,15 +561,19 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
     def _tensors(self, batch):
         batch = self._owned(batch)
         out, lengths, masks = {}, {}, {}
-        rows = batch.descriptor.rows
-        for s in batch.descriptor.streams:
-            single = self._single and s.sequence_axis and s.max_length <= 1 and not batch.descriptor.steps
-            lens = batch.lengths(s.name) if s.sequence_axis else None
-            lens = None if lens is None else _tensor(lens).long()
+        desc = batch.descriptor
+        rows, counts, nstreams = desc.rows, desc.pieces.counts, len(desc.streams)
+        for i, s in enumerate(desc.streams):
+            single = self._single and s.sequence_axis and s.max_length <= 1 and not desc.steps
             # One sample a sequence: [rows, dim] (no step axis), unless a row lacks the stream
             # (its line had no such input): that row is zeros (or id_padding), and the stream
             # gets a mask and lengths like a sequence stream's, with a warning the first time.
-            holes = single and lens is not None and bool((lens < 1).any())
+            # Told by the descriptor on the host (no look at lengths that may lie on a device):
+            # compact pieces are one sample of every stream a row; else the per-piece counts.
+            holes = single and not desc.pieces.single_sample_rows and (
+                len(counts) < rows * nstreams or min(counts[i::nstreams], default=1) < 1)
+            lens = batch.lengths(s.name) if s.sequence_axis and (holes or not single) else None
+            lens = None if lens is None else _tensor(lens).long()
             if s.format == _FORMAT_SPARSE and batch.layout(s.name) != "dense":
                 out[s.name] = _sparse(batch, s.name)
             elif s.format == _FORMAT_IDS:
