@@ -213,6 +213,7 @@ v1::StreamResponse BatchResponse(const Batch& batch, uint64_t serial, const std:
   d->set_batch(batch.index);
   d->set_end_of_epoch(batch.end_of_epoch);
   d->set_end_of_sweep(batch.end_of_sweep);
+  d->set_dropped(batch.dropped);
   d->set_cursor(cursor);
   PlanToDescriptor(batch.plan, d, compact);
   return message;

@@ -114,6 +114,7 @@ grpc::Status LoaderService::DoDescribeDataset(const v1::DescribeDatasetRequest& 
   resp->set_randomization_window(c.randomization_window.value_or(DefaultRandomizationWindow(
       d.index(), c.deserializers[0].chunk_size_in_bytes, c.sample_based_randomization_window)));
   resp->set_frame_mode(c.frame_mode);
+  resp->set_randomization_window_in_samples(c.sample_based_randomization_window);
   return grpc::Status::OK;
 }
 

@@ -13,6 +13,7 @@
 #include "common/sampling/loader.h"
 #include "common/sampling/stream_request.h"
 #ifdef CONVEYOR_HAVE_SERVICE
+#include "client/cli/daemon_options.h"
 #include "client/cpp/conveyor_client.h"
 #include "proto/subscribe.h"
 #endif
@@ -30,6 +31,9 @@ struct BenchArgs {
   bool json = false;
   std::string transport = "inline";  // from a daemon
   uint32_t credits = 0;
+#ifdef CONVEYOR_HAVE_SERVICE
+  DaemonConnectionArgs connection;  // from a daemon
+#endif
 };
 
 // memchr over the file: the physical reference a parse rate is read against.
@@ -93,7 +97,9 @@ double MemchrScanSeconds(std::string_view bytes) {
 int RunBenchRemote(const BenchArgs& args) {
   auto request = args.stream.ToRequest();
   if (!request.ok()) return FailUsage("bench", request.status());
-  auto client = Client::Connect(args.config);
+  auto options = MakeClientOptions(args.connection);
+  if (!options.ok()) return Fail(options.status());
+  auto client = Client::Connect(args.config, *options);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
@@ -106,7 +112,7 @@ int RunBenchRemote(const BenchArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
     auto more = (*sub)->Next(&batch);
-    if (!more.ok()) return Fail(more.status());
+    if (!more.ok()) return Fail(ExplainDaemonError(args.config, more.status()));
     if (!*more) break;
     samples += batch.plan().num_samples;
     bytes += batch.bytes().size();
@@ -272,6 +278,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"inline", "shm", "cuda"}));
   cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4, at most 64)")
       ->check(CLI::Range(0u, 64u));
+#ifdef CONVEYOR_HAVE_SERVICE
+  AddDaemonConnectionOptions(cmd, &args->connection);
+#endif
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }
 

@@ -14,6 +14,7 @@ void RegisterConvert(CLI::App& app, int* exit_code);
 #ifdef CONVEYOR_HAVE_SERVICE
 void RegisterSubscribe(CLI::App& app, int* exit_code);
 void RegisterHealth(CLI::App& app, int* exit_code);
+void RegisterDatasets(CLI::App& app, int* exit_code);
 #endif
 
 }  // namespace conveyor::cli

@@ -29,7 +29,7 @@ CLI::Validator DaemonAddress(bool allow_path) {
           if (part.empty()) return "an empty address (a stray comma?)";
           bool scheme = false;
           for (const char* s : {"unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:"}) scheme = scheme || part.rfind(s, 0) == 0;
-          if (scheme || (allow_path && part[0] == '/')) continue;
+          if (scheme || (allow_path && (part[0] == '/' || part.rfind("./", 0) == 0 || part.rfind("../", 0) == 0))) continue;
           const size_t colon = part.rfind(':');
           const size_t bracket = part.rfind(']');
           const bool has_port = colon != std::string::npos && (bracket == std::string::npos || colon > bracket) &&

@@ -8,6 +8,7 @@
 
 #include "client/cli/commands.h"
 #include "client/cli/common_options.h"
+#include "client/cli/daemon_options.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace conveyor::cli {
@@ -32,16 +33,8 @@ const char* StatusName(grpc::health::v1::HealthCheckResponse::ServingStatus s) {
   }
 }
 
-// A bare socket path ("/run/conveyor/conveyord.sock", "./d.sock") means that unix socket;
-// gRPC would take it for a host name.
-std::string TargetOf(const std::string& address) {
-  if (!address.empty() && (address[0] == '/' || address.rfind("./", 0) == 0 || address.rfind("../", 0) == 0))
-    return "unix:" + address;
-  return address;
-}
-
 int RunHealth(const HealthArgs& args) {
-  auto channel = grpc::CreateChannel(TargetOf(args.address), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(DaemonTarget(args.address), grpc::InsecureChannelCredentials());
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
 #ifdef CONVEYOR_HAVE_SERVICE
   conveyor::cli::RegisterSubscribe(app, &exit_code);
   conveyor::cli::RegisterHealth(app, &exit_code);
+  conveyor::cli::RegisterDatasets(app, &exit_code);
 #endif
   try {
     if (auto done = conveyor::cli::ParseCommandLine(app, argc, argv)) return *done;

@@ -1,6 +1,5 @@
 // conveyor subscribe: a client of conveyord. Streams batches, prints throughput, or with
 // --dump the dump format (identical to `conveyor dump` with the same options).
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -8,10 +7,10 @@
 #include "client/cli/commands.h"
 #include "common/cli/command_line.h"
 #include "client/cli/common_options.h"
+#include "client/cli/daemon_options.h"
 #include "client/cpp/conveyor_client.h"
 #include "proto/subscribe.h"
 #include "common/batch/dump_writer.h"
-#include "common/mapped_file.h"
 #include "cuda/slot_pool.h"
 
 namespace conveyor::cli {
@@ -27,7 +26,7 @@ struct SubscribeArgs {
   double idle_timeout = 60;  // seconds; 0: none
   double keepalive = 3;      // seconds between pings
   std::string transport = "inline";
-  std::string tls_ca, tls_server_name, token_file;
+  DaemonConnectionArgs connection;
 };
 
 int RunSubscribe(const SubscribeArgs& args) {
@@ -37,21 +36,11 @@ int RunSubscribe(const SubscribeArgs& args) {
       args.transport != "cuda") {
     return FailUsage("subscribe", absl::InvalidArgumentError("--transport expects inline, shm or cuda"));
   }
-  ClientOptions co;
-  if (!args.tls_ca.empty()) {
-    auto roots = ReadFileToString(args.tls_ca);
-    if (!roots.ok()) return Fail(roots.status());
-    co.tls_root_certs = *roots;
-  }
-  co.tls_server_name = args.tls_server_name;
+  auto options = MakeClientOptions(args.connection);
+  if (!options.ok()) return Fail(options.status());
+  ClientOptions co = *options;
   co.keepalive_time_ms = static_cast<int>(args.keepalive * 1000);
   co.keepalive_timeout_ms = co.keepalive_time_ms;
-  if (!args.token_file.empty()) {
-    auto token = ReadFileToString(args.token_file);
-    if (!token.ok()) return Fail(token.status());
-    co.token = *token;
-    while (!co.token.empty() && std::isspace(static_cast<unsigned char>(co.token.back()))) co.token.pop_back();
-  }
   auto client = Client::Connect(args.address, co);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
@@ -66,7 +55,7 @@ int RunSubscribe(const SubscribeArgs& args) {
   if (!sub.ok()) return Fail(sub.status());
   ReceivedBatch batch;
   std::string out;
-  uint64_t batches = 0, samples = 0, bytes = 0;
+  uint64_t batches = 0, samples = 0, bytes = 0, dropped = 0;
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
     auto more = (*sub)->Next(&batch);
@@ -75,10 +64,11 @@ int RunSubscribe(const SubscribeArgs& args) {
       if (!(*sub)->last_cursor().empty()) {
         std::fprintf(stderr, "conveyor: last cursor received: %s\n", (*sub)->last_cursor().c_str());
       }
-      return Fail(more.status());
+      return Fail(ExplainDaemonError(args.address, more.status()));
     }
     if (!*more) break;
     ++batches;
+    dropped += batch.descriptor().dropped();
     samples += batch.plan().num_samples;
     bytes += batch.bytes().size();
     if (args.dump) {
@@ -95,6 +85,12 @@ int RunSubscribe(const SubscribeArgs& args) {
     }
   }
   std::fflush(stdout);
+  if (dropped > 0) {
+    std::fprintf(stderr,
+                 "conveyor: %llu piece%s (sequences, or frames in frame mode) left out of the batches: dropped as "
+                 "bad input under the dataset's maxErrors (the daemon's log names them)\n",
+                 static_cast<unsigned long long>(dropped), dropped == 1 ? "" : "s");
+  }
   if (!args.dump) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s from %s: %llu batches, %llu samples, %.1f MB in %.3f s: %.0f samples/s, %.1f MB/s\n",
@@ -128,9 +124,7 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
                   "inline (default: bytes in the messages), shm (same host: batches stay in the daemon's "
                   "shared-memory slots, only descriptors travel) or cuda (same host: assembled on the daemon's "
                   "GPU and opened here with CUDA IPC; --dump copies each batch to the host)");
-  cmd->add_option("--tls-ca", args->tls_ca, "PEM roots to trust: connect with TLS");
-  cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
-  cmd->add_option("--token-file", args->token_file, "File with the bearer token the daemon requires on TCP");
+  AddDaemonConnectionOptions(cmd, &args->connection);
   cmd->add_flag("--no-reconnect", args->no_reconnect, "Fail instead of resuming when the stream breaks");
   cmd->add_option("--idle-timeout", args->idle_timeout,
                   "Seconds without a message after which the stream counts as broken (a wedged daemon; "

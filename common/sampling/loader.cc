@@ -294,6 +294,7 @@ absl::StatusOr<bool> Loader::Begin(const BatchDestination& destination) {
   b.index = p.batch.batch;
   b.end_of_epoch = p.batch.end_of_epoch;
   b.end_of_sweep = p.batch.end_of_sweep;
+  b.dropped = static_cast<uint32_t>(n - refs.size());
   b.plan = std::move(*plan);
   b.after = p.batch.after;
   auto fence = assembler_->Begin(b.plan, refs, f->dst);

@@ -58,6 +58,9 @@ struct Batch {
   bool end_of_epoch = false;
   bool end_of_sweep = false;
   BatchPlan plan;      // may have no rows: an empty local minibatch (other ranks' data)
+  // Pieces of this batch's plan left out because their sequence was dropped as bad input
+  // (maxErrors): so many rows fewer (gaps in truncated BPTT).
+  uint32_t dropped = 0;
   absl::Span<const std::byte> bytes;
   CursorState after;   // resume here to continue after this batch
 };

@@ -226,6 +226,13 @@ TEST_F(BadInvocation, ConveyorEndsWithOneLineAndStatusOneOrTwo) {
       {{"health", "/nonexistent.sock", "--timeout", "1"}, 1, "does not answer health checks"},
       {{"health", "unix:" + not_a_socket_, "--timeout", "1"}, 1, "does not answer health checks"},
       {{"health", "127.0.0.1:1", "--timeout", "0"}, 2, "--timeout"},
+      {{"datasets"}, 2, "address is required"},
+      {{"datasets", "localhost"}, 2, "'localhost' has no port"},
+      {{"datasets", "127.0.0.1:99999"}, 1, "99999 is not a TCP port"},
+      {{"datasets", "127.0.0.1:1", "--token-file", "/nonexistent"}, 1, "/nonexistent"},
+      {{"datasets", "127.0.0.1:1"}, 1, "127.0.0.1:1: failed to connect"},
+      {{"datasets", "unix:" + not_a_socket_}, 1, "is conveyord running and listening there?"},
+      {{"bench", "127.0.0.1:1", "--dataset", "simple", "--token-file", "/nonexistent"}, 1, "/nonexistent"},
   };
   Check(CONVEYOR_BINARY, cases);
 }

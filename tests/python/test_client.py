@@ -76,6 +76,53 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([s.name for s in d.streams], ["features", "labels"])
         self.assertEqual(d.sequences, 1000)
 
+    def test_unary_calls_fail_as_conveyor_errors_that_say_what_to_do(self):
+        # A name the daemon does not serve: NOT_FOUND naming the daemon and what it serves.
+        with self.assertRaises(conveyor.ConveyorError) as e:
+            self.client.describe("nope")
+        self.assertEqual(e.exception.code.name, "NOT_FOUND")
+        self.assertEqual(str(e.exception),
+                         f"NOT_FOUND: {self.address}: no dataset 'nope' (served: sequences, simple, sparse)")
+        # Nothing listening: UNAVAILABLE from each replica in turn, then the last one's error.
+        dead = conveyor.Client("127.0.0.1:1")
+        with self.assertRaises(conveyor.ConveyorError) as e:
+            dead.list_datasets()
+        self.assertEqual(e.exception.code.name, "UNAVAILABLE")
+        self.assertIn("127.0.0.1:1: failed to connect", str(e.exception))
+        self.assertIn("is conveyord running and listening there? (`conveyor health 127.0.0.1:1` asks it)",
+                      str(e.exception))
+        dead.close()
+        # A stream that cannot connect says the same once it gives up.
+        with self.assertRaises(conveyor.ConveyorError) as e:
+            next(iter(conveyor.Client("127.0.0.1:1").subscribe("simple", reconnect=False)))
+        self.assertIn("is conveyord running", str(e.exception))
+
+    def test_batches_say_how_many_bad_sequences_they_left_out(self):
+        # maxErrors 2, lines 3 and 7 bad, minibatches of 4 in file order: 3 + 3 + 2 rows.
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "bad.ctf"), "w") as f:
+                f.writelines("|x 1 abc\n" if i in (3, 7) else f"|x {i} 0.5\n" for i in range(10))
+            config = os.path.join(tmp, "bad.yaml")
+            with open(config, "w") as f:
+                f.write("datasets:\n  bad:\n    randomize: false\n    maxErrors: 2\n    deserializers:\n"
+                        "      - type: CNTKTextFormat\n        file: bad.ctf\n"
+                        "        input:\n          x: {dim: 2, format: dense}\n")
+            daemon, address = start_daemon(tmp, config)
+            try:
+                client = conveyor.Client(address)
+                got = [(b.rows, b.dropped, b.dense("x")[0, 0, 0]) for b in client.subscribe("bad", minibatch_size=4)]
+                self.assertEqual(got, [(3, 1, 0.0), (3, 1, 4.0), (2, 0, 8.0)])
+                client.close()
+                out = subprocess.run([CONVEYOR, "subscribe", address, "--dataset", "bad", "--minibatch-size", "4"],
+                                     capture_output=True, text=True, timeout=60)
+                self.assertEqual(out.returncode, 0, out.stderr)
+                self.assertIn("conveyor: 2 pieces (sequences, or frames in frame mode) left out of the batches: "
+                              "dropped as bad input under the dataset's maxErrors", out.stderr)
+            finally:
+                daemon.terminate()
+                daemon.wait(timeout=30)
+                daemon.stderr.close()
+
     def test_a_port_past_65535_is_refused_not_wrapped(self):
         for address in ("127.0.0.1:99999", "[::1]:70000", "127.0.0.1:1,localhost:65536"):
             with self.assertRaisesRegex(ValueError, "is not a TCP port"):

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -244,6 +245,73 @@ TEST(DaemonProcess, HealthCommandTellsServingFromGone) {
   EXPECT_EQ(health(), 0);
   d.Kill(SIGKILL);
   EXPECT_EQ(health(), 1);
+}
+
+// `conveyor datasets`, as an ops engineer asks a daemon what it serves: through its unix
+// socket by path (no token), over TCP with the token file (and without: told what to pass), a
+// name it does not serve, and nothing listening any more.
+TEST(DaemonProcess, DatasetsCommandDescribesWhatTheDaemonServes) {
+  TempDir dir;
+  const std::string token = dir.Write("token", "s3cret\n");
+  DaemonProcessOptions o;
+  o.unix_socket = true;
+  o.extra = {"--token-file", token};
+  DaemonProcess d(dir.path(), o);
+  ASSERT_TRUE(d.started());
+  struct Run {
+    int code = -1;
+    std::string out;  // stdout, then stderr
+  };
+  auto conveyor = [](const std::string& args) {
+    Run r;
+    FILE* p = ::popen((std::string(CONVEYOR_BINARY) + " datasets " + args + " 2>&1").c_str(), "r");
+    if (p == nullptr) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = ::pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  };
+  // examples/conveyor.yaml: simple is 1000 lines of two dense 2-dim streams, in one chunk (a
+  // 32 MiB default chunk), window 4 GiB / 32 MiB = 128 chunks, randomize: false.
+  const Run text = conveyor(d.socket_path());
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_EQ(text.out.substr(0, text.out.find('\n')), d.socket_path() + " serves 3 datasets");
+  for (const char* line : {"\nsimple: CNTKTextFormat, float; 1000 sequences, 1000 samples a sweep, 1 chunk\n"
+                           "  file order by default; sequence mode\n"
+                           "  stream    alias     format         dim\n"
+                           "  features  features  dense            2\n"
+                           "  labels    labels    dense            2\n",
+                           "\nsparse: CNTKTextFormat, float; 2000 sequences, 2000 samples a sweep, 1 chunk\n",
+                           "  words   x      sparse        5000\n",
+                           "  word    word   sparse        1000  (counts toward the minibatch size)\n"}) {
+    EXPECT_NE(text.out.find(line), std::string::npos) << line << "\nnot in\n" << text.out;
+  }
+  const Run json = conveyor(d.address() + " sparse --json --token-file " + token);
+  ASSERT_EQ(json.code, 0) << json.out;
+  EXPECT_EQ(json.out,
+            "{\"name\": \"sparse\", \"deserializers\": [\"CNTKTextFormat\"], \"precision\": \"float\", \"chunks\": 1, "
+            "\"sequences\": 2000, \"samples\": 2000, \"randomize\": false, \"randomization_window\": 128, "
+            "\"randomization_window_unit\": \"chunks\", \"frame_mode\": false, \"streams\": [{\"name\": \"words\", "
+            "\"alias\": \"x\", \"format\": \"sparse\", \"dim\": 5000, \"defines_minibatch_size\": false}, "
+            "{\"name\": \"label\", \"alias\": \"y\", \"format\": \"dense\", \"dim\": 1, "
+            "\"defines_minibatch_size\": false}]}\n");
+  const Run no_token = conveyor(d.address());
+  EXPECT_EQ(no_token.code, 1) << no_token.out;
+  EXPECT_NE(no_token.out.find(d.address() + ": a valid 'authorization: Bearer <token>' is required; pass the "
+                                            "daemon's token with --token-file"),
+            std::string::npos)
+      << no_token.out;
+  const Run unknown = conveyor(d.unix_address() + " simple nope");
+  EXPECT_EQ(unknown.code, 1) << unknown.out;
+  EXPECT_NE(unknown.out.find("no dataset 'nope' (served: sequences, simple, sparse)"), std::string::npos) << unknown.out;
+  d.Kill(SIGKILL);
+  const Run gone = conveyor(d.address() + " --token-file " + token);
+  EXPECT_EQ(gone.code, 1) << gone.out;
+  EXPECT_NE(gone.out.find("is conveyord running and listening there? ('conveyor health " + d.address()),
+            std::string::npos)
+      << gone.out;
 }
 
 TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {

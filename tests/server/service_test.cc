@@ -60,8 +60,44 @@ TEST(Service, ListsAndDescribesDatasets) {
   EXPECT_EQ(desc->streams(0).alias(), "x");
   EXPECT_EQ(desc->streams(0).format(), v1::FORMAT_SPARSE);
   EXPECT_EQ(desc->streams(0).dim(), 5000u);
+  EXPECT_EQ(desc->randomization_window(), 128u);  // 4 GiB of 32 MiB chunks
+  EXPECT_FALSE(desc->randomization_window_in_samples());
   auto missing = (*client)->Describe("../etc/passwd");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+// maxErrors: a bad sequence is left out of its batch, and the batch says how many were
+// (BatchDescriptor.dropped), so a trainer can tell a short batch from the end of the data.
+TEST(Service, BatchesSayHowManyBadSequencesTheyLeftOut) {
+  TempDir dir;
+  std::string ctf;
+  for (int i = 0; i < 10; ++i) ctf += (i == 3 || i == 7) ? "|x 1 abc\n" : "|x " + std::to_string(i) + " 0.5\n";
+  const std::string file = dir.Write("bad.ctf", ctf);
+  const std::string config = dir.Write(
+      "bad.yaml", "datasets:\n  bad:\n    randomize: false\n    maxErrors: 2\n    deserializers:\n"
+                  "      - type: CNTKTextFormat\n        file: " + file + "\n        input:\n          x: {dim: 2, format: dense}\n");
+  Daemon d({}, config);
+  auto client = Client::Connect(d.tcp());
+  ASSERT_TRUE(client.ok());
+  auto sub = (*client)->Subscribe(Sub("bad", 4, /*randomize=*/false));
+  ASSERT_TRUE(sub.ok());
+  // Lines 0-3, 4-7, 8-9 in minibatches of 4 samples; lines 3 and 7 are bad.
+  std::vector<uint32_t> rows, dropped;
+  std::vector<float> first;
+  ReceivedBatch b;
+  while (true) {
+    auto more = (*sub)->Next(&b);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    rows.push_back(b.descriptor().rows());
+    dropped.push_back(b.descriptor().dropped());
+    float v;
+    std::memcpy(&v, b.bytes().data() + b.descriptor().streams(0).values().offset(), sizeof v);
+    first.push_back(v);
+  }
+  EXPECT_EQ(rows, (std::vector<uint32_t>{3, 3, 2}));
+  EXPECT_EQ(dropped, (std::vector<uint32_t>{1, 1, 0}));
+  EXPECT_EQ(first, (std::vector<float>{0, 4, 8}));
 }
 
 TEST(Service, SubscribeDeliversWhatDumpPrintsOverTcpAndUnix) {

@@ -54,6 +54,19 @@ class ConveyorError(RuntimeError):
         self.cursor = cursor
 
 
+def _hint(address, code, details):
+    """What a person can do about the usual failures of a call to `address`."""
+    details = details or ""
+    if code == grpc.StatusCode.UNAVAILABLE and ("Ssl" in details or "SSL" in details):
+        return ("; TLS did not start: a daemon without TLS is reached without root_certificates, one with TLS "
+                "with them (and server_name when its certificate names another host)")
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details:
+        return f"; is conveyord running and listening there? (`conveyor health {address}` asks it)"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return "; pass the daemon's token (Client(..., token=...)), or connect through its unix socket"
+    return ""
+
+
 class Batch:
     """One minibatch. Arrays are views (no copy) into the batch's buffer: a writable bytearray
     (inline transport), or the daemon's shared-memory slot (read-only; valid until the next
@@ -109,6 +122,9 @@ class Batch:
     rows = property(lambda self: self.descriptor.rows)
     samples = property(lambda self: self.descriptor.samples)
     end_of_epoch = property(lambda self: self.descriptor.end_of_epoch)
+    # Pieces of this batch left out because their sequence was dropped as bad input (the
+    # dataset's maxErrors): so many rows fewer.
+    dropped = property(lambda self: self.descriptor.dropped)
 
     @property
     def stream_names(self):
@@ -611,7 +627,8 @@ class Subscription:
         self.close()
         limit = self._max_reconnects * len(self._client.addresses)
         if code != grpc.StatusCode.UNAVAILABLE or not self._reconnect or self._reconnects >= limit:
-            raise ConveyorError(code, details, self._cursor) from None
+            address = self._client.addresses[self._current]
+            raise ConveyorError(code, f"{details}{_hint(address, code, details)}", self._cursor) from None
         # Resume from the cursor on the next daemon; back off after trying them all.
         self._reconnects += 1
         self._current = (self._current + 1) % len(self._client.addresses)
@@ -835,22 +852,29 @@ class Client:
         self._closed = True
 
     def _unary(self, name, request):
+        """Calls `name` on each daemon in turn while they are UNAVAILABLE; a failure is a
+        ConveyorError naming the daemon, as a stream's are."""
         error = None
         _, stubs = self._connect()
         for _ in range(len(stubs)):
+            address = self.addresses[self._current]
             try:
                 return getattr(stubs[self._current], name)(request, timeout=30)
             except grpc.RpcError as e:
+                error = ConveyorError(e.code(), f"{address}: {e.details()}{_hint(address, e.code(), e.details())}")
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise
-                error = e
+                    break
                 self._current = (self._current + 1) % len(stubs)
-        raise error
+        raise error from None
 
     def list_datasets(self):
+        """The names of the datasets the daemon serves. Raises ConveyorError."""
         return list(self._unary("ListDatasets", pb.ListDatasetsRequest()).datasets)
 
     def describe(self, dataset):
+        """A conveyor.v1.DatasetDescription: the dataset's streams (name, alias, format, dim),
+        sequences, samples, chunks and randomization defaults. Raises ConveyorError (NOT_FOUND
+        for a dataset the daemon does not serve; the message lists those it does)."""
         return self._unary("DescribeDataset", pb.DescribeDatasetRequest(dataset=dataset))
 
     def subscribe(self, dataset, minibatch_size=256, epochs=1, seed=None, randomize=None, epoch_size=None,
