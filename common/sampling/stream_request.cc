@@ -1,5 +1,10 @@
 #include "common/sampling/stream_request.h"
 
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -16,6 +21,69 @@ std::string StreamNames(const Dataset& dataset) {
   std::string out;
   for (const StreamConfig& s : dataset.streams()) absl::StrAppend(&out, out.empty() ? "" : ", ", s.name);
   return out;
+}
+
+// Numbers people pick for sizes: powers of two, 1-9 times a power of ten, multiples of 32 up
+// to 8192, each at most `limit`.
+std::vector<uint64_t> LikelySizes(uint64_t limit) {
+  std::vector<uint64_t> out;
+  for (uint64_t v = 1; v <= limit; v *= 2) out.push_back(v);
+  for (uint64_t ten = 10; ten <= limit; ten *= 10) {
+    for (uint64_t k = 1; k <= 9 && k * ten <= limit; ++k) out.push_back(k * ten);
+  }
+  for (uint64_t v = 32; v <= std::min<uint64_t>(8192, limit); v += 32) out.push_back(v);
+  return out;
+}
+
+// The one option that, changed from the request's `p`, gives the cursor's configuration hash
+// `want`: "minibatch size 512 (this request: 256)"; "" when no single change among the likely
+// values does (then more than one option differs, or the dataset's streams do). A few hundred
+// hashes of a few dozen words each: microseconds.
+std::string DifferingOption(const DatasetConfig& config, const PlannerOptions& p, uint64_t want, uint64_t sweep_samples) {
+  auto matches = [&](const PlannerOptions& q) { return StreamConfigHash(config, q) == want; };
+  auto on_off = [](bool v) { return v ? "on" : "off"; };
+  PlannerOptions q = p;
+  q.randomizer.randomize = !p.randomizer.randomize;
+  if (matches(q)) return absl::StrCat("randomization ", on_off(q.randomizer.randomize), " (this request: ", on_off(p.randomizer.randomize), ")");
+  q = p;
+  q.randomizer.frame_mode = !p.randomizer.frame_mode;
+  if (matches(q)) return absl::StrCat("frame mode ", on_off(q.randomizer.frame_mode), " (this request: ", on_off(p.randomizer.frame_mode), ")");
+  q = p;
+  q.full_minibatches = !p.full_minibatches;
+  auto mode = [](bool full) { return full ? "full" : "partial"; };
+  if (matches(q)) return absl::StrCat("minibatch mode ", mode(q.full_minibatches), " (this request: ", mode(p.full_minibatches), ")");
+  const std::vector<uint64_t> sizes = LikelySizes(kMaxMinibatchSize);
+  for (uint64_t v : sizes) {
+    q = p;
+    q.minibatch_size = v;
+    if (v != p.minibatch_size && matches(q)) return absl::StrCat("minibatch size ", v, " (this request: ", p.minibatch_size, ")");
+  }
+  auto epoch = [](const std::optional<uint64_t>& e) {
+    return e ? absl::StrCat(*e, " samples") : std::string("one sweep (no epoch size)");
+  };
+  std::vector<std::optional<uint64_t>> epochs{std::nullopt, sweep_samples};
+  for (uint64_t v : LikelySizes(uint64_t{1} << 40)) epochs.push_back(v);
+  for (const auto& e : epochs) {
+    q = p;
+    q.epoch_size = e;
+    if (e != p.epoch_size && matches(q)) return absl::StrCat("epoch size ", epoch(e), " (this request: ", epoch(p.epoch_size), ")");
+  }
+  if (p.randomizer.randomize) {
+    const char* unit = p.randomizer.sample_window ? " samples" : " chunks";
+    for (uint64_t v : LikelySizes(uint64_t{1} << 40)) {
+      q = p;
+      q.randomizer.window = v;
+      if (v != p.randomizer.window && matches(q)) {
+        return absl::StrCat("randomization window ", v, unit, " (this request: ", p.randomizer.window, unit, ")");
+      }
+    }
+  }
+  if (p.truncation > 0) {
+    q = p;
+    q.truncation = 0;
+    if (matches(q)) return absl::StrCat("no truncation (this request: truncation ", p.truncation, ")");
+  }
+  return "";
 }
 }  // namespace
 
@@ -127,6 +195,11 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
     out.loader.resume = c.state;
     out.identity.config_hash = StreamConfigHash(config, p);
     if (c.config_hash != out.identity.config_hash) {
+      const std::string which = DifferingOption(config, p, c.config_hash, dataset.index().total_samples);
+      if (!which.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("cursor was made with ", which,
+                                                       ": resume with the options that produced it"));
+      }
       return absl::InvalidArgumentError(
           "cursor was made with another configuration (minibatch size, epoch size, randomization, frame mode, "
           "truncation or streams differ): resume with the options that produced it");

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -159,8 +161,23 @@ TEST(Cli, ResumeRefusesAForeignOrCorruptCursor) {
   CliRun other_dataset = Conveyor("dump " + kExamples + " --dataset sparse --randomize on --minibatch-size 100 --resume " + token);
   EXPECT_EQ(other_dataset.code, 1);
   EXPECT_NE(other_dataset.out.find("cursor was made for another dataset"), std::string::npos) << other_dataset.out;
-  CliRun other_config = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 99 --resume " + token);
-  EXPECT_NE(other_config.out.find("cursor was made with another configuration"), std::string::npos) << other_config.out;
+  // One option changed: the message names it, with the value the cursor was made with.
+  const std::string simple = "dump " + kExamples + " --dataset simple ";
+  for (const auto& [options, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--randomize on --minibatch-size 99", "cursor was made with minibatch size 100 (this request: 99)"},
+           {"--randomize off --minibatch-size 100", "cursor was made with randomization on (this request: off)"},
+           {"--randomize on --minibatch-size 100 --frame-mode", "cursor was made with frame mode off (this request: on)"},
+           {"--randomize on --minibatch-size 100 --minibatch-mode full",
+            "cursor was made with minibatch mode partial (this request: full)"},
+           {"--randomize on --minibatch-size 100 --epoch-size 700",
+            "cursor was made with epoch size one sweep (no epoch size) (this request: 700 samples)"},
+           // Two options changed: no single one explains it.
+           {"--randomize off --minibatch-size 99", "cursor was made with another configuration (minibatch size,"},
+       }) {
+    CliRun other_config = Conveyor(simple + options + " --resume " + token);
+    EXPECT_EQ(other_config.code, 1) << options;
+    EXPECT_NE(other_config.out.find(says), std::string::npos) << options << ": " << other_config.out;
+  }
   std::string corrupt = token;
   corrupt[corrupt.size() / 2] = corrupt[corrupt.size() / 2] == 'A' ? 'B' : 'A';
   CliRun bad = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 100 --resume " + corrupt);
