@@ -97,6 +97,19 @@ class TorchTest(unittest.TestCase):
       features: {{dim: 2, format: dense{alias}}}
       labels: {{dim: 2, format: dense}}
 """ for name, alias in (("holes", ""), ("absent", ", alias: feat")))
+        # A line that does not parse, dropped under maxErrors.
+        bad = os.path.join(cls.tmp.name, "bad.ctf")
+        with open(bad, "w") as f:
+            f.write("|features 1 2 |labels 1 0\n|features 3 x |labels 0 1\n|features 5 6 |labels 1 0\n")
+        extra += f"""
+  bad:
+    randomize: false
+    maxErrors: 1
+    file: {bad}
+    input:
+      features: {{dim: 2, format: dense}}
+      labels: {{dim: 2, format: dense}}
+"""
         with open(cls.config, "w") as f:
             f.write(CONFIG + extra)
         port_file = os.path.join(cls.tmp.name, "port")
@@ -382,6 +395,14 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(a["features"].tolist(), [[0, 0]] * 4)
         self.assertEqual(a["_mask"]["features"].tolist(), [False] * 4)
         self.assertEqual(a["labels"].tolist(), [[1, 0], [0, 1], [1, 0], [0, 1]])
+
+    def test_a_batch_short_of_bad_sequences_says_so(self):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            b = next(iter(self.dataset("bad", minibatch_size=3)))
+        self.assertEqual(b["features"].tolist(), [[1, 2], [5, 6]])
+        self.assertTrue(any("1 sequence(s) of a batch were dropped as bad input (the dataset's maxErrors" in
+                            str(w.message) for w in caught), [str(w.message) for w in caught])
 
     def test_dtypes_are_round_to_nearest_even_from_float32(self):
         full = next(iter(self.dataset("speech", minibatch_size=3000)))["features"]

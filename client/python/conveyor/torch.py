@@ -411,6 +411,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         # Single-sample sequences (or frames) are delivered [rows, dim], without a time axis.
         self._single = bool(frame_mode) or (desc.samples == desc.sequences and not args.get("truncation"))
         self._warned_holes = set()  # streams whose missing samples were warned about
+        self._warned_dropped = False  # a batch with sequences dropped as bad input
         kwargs = dict(minibatch_size=self.minibatch_size, rank=self.rank, world=self.world,
                       transport=self.transport, layouts=layouts, **args)
         if self.dtypes:
@@ -563,6 +564,11 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         out, lengths, masks = {}, {}, {}
         desc = batch.descriptor
         rows, counts, nstreams = desc.rows, desc.pieces.counts, len(desc.streams)
+        if desc.dropped and not self._warned_dropped:
+            self._warned_dropped = True
+            warnings.warn(f"conveyor: {desc.dropped} sequence(s) of a batch were dropped as bad input (the dataset's "
+                          f"maxErrors; the daemon's log names them): such batches hold fewer rows",
+                          RuntimeWarning, stacklevel=2)
         for i, s in enumerate(desc.streams):
             single = self._single and s.sequence_axis and s.max_length <= 1 and not desc.steps
             # One sample a sequence: [rows, dim] (no step axis), unless a row lacks the stream
