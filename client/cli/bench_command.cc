@@ -99,7 +99,7 @@ int RunBenchRemote(const BenchArgs& args) {
   if (!request.ok()) return FailUsage("bench", request.status());
   auto options = MakeClientOptions(args.connection);
   if (!options.ok()) return Fail(options.status());
-  auto client = Client::Connect(args.config, *options);
+  auto client = Client::Connect(DaemonTarget(args.config), *options);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
@@ -148,10 +148,18 @@ double CpuSeconds(clockid_t clock) {
 int RunBench(const BenchArgs& args) {
   if (auto request = args.stream.ToRequest(); !request.ok()) return FailUsage("bench", request.status());
 #ifdef CONVEYOR_HAVE_SERVICE
+  // A daemon: an address that is no file here, or a unix socket's path (not a configuration).
   struct stat st;
-  if (::stat(args.config.c_str(), &st) != 0 &&
-      (args.config.rfind("unix:", 0) == 0 || args.config.find(':') != std::string::npos)) {
+  const bool exists = ::stat(args.config.c_str(), &st) == 0;
+  if ((exists && S_ISSOCK(st.st_mode)) ||
+      (!exists && (args.config.rfind("unix:", 0) == 0 || args.config.find(':') != std::string::npos))) {
+    if (absl::Status usage = CheckDaemonConnectionArgs(args.connection); !usage.ok()) return FailUsage("bench", usage);
     return RunBenchRemote(args);
+  }
+  if (args.connection.any()) {
+    return FailUsage("bench", absl::InvalidArgumentError(
+                                  "--tls-ca, --tls-server-name and --token-file apply to a daemon's address, not to a "
+                                  "configuration read here"));
   }
 #endif
   const auto t_open = std::chrono::steady_clock::now();
@@ -268,7 +276,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "from a daemon, inline_parts and inline_parts_in_pieces).");
   cmd->add_option("config", args->config,
                   "Configuration file (YAML, JSON or a CNTK reader block), or a daemon address "
-                  "(host:port or unix:/path) to measure streaming from it")->required();
+                  "(host:port, unix:/path or a socket's path) to measure streaming from it")->required();
   cmd->add_option("--dataset", args->dataset, "Dataset to read (may be left out when there is only one)");
   AddStreamOptions(cmd, &args->stream);
   cmd->add_flag("--json", args->json, "Print only the JSON summary line");
@@ -279,7 +287,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("--credits", args->credits, "From a daemon: batches in flight (default 4, at most 64)")
       ->check(CLI::Range(0u, 64u));
 #ifdef CONVEYOR_HAVE_SERVICE
-  AddDaemonConnectionOptions(cmd, &args->connection);
+  AddDaemonConnectionOptions(cmd, &args->connection, "From a daemon: ");
 #endif
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }

@@ -1,5 +1,7 @@
 #include "client/cli/common_options.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
@@ -18,9 +20,10 @@ int Fail(const absl::Status& status) {
   return kExitFailure;
 }
 
-CLI::Validator DaemonAddress(bool allow_path) {
+CLI::Validator DaemonAddress(bool allow_path, bool allow_list) {
   return CLI::Validator(
-      [allow_path](std::string& value) -> std::string {
+      [allow_path, allow_list](std::string& value) -> std::string {
+        if (!allow_list && value.find(',') != std::string::npos) return "one daemon address, not a list";
         size_t from = 0;
         while (from <= value.size()) {
           const size_t comma = value.find(',', from);
@@ -36,7 +39,11 @@ CLI::Validator DaemonAddress(bool allow_path) {
                                 colon + 1 < part.size() &&
                                 part.find_first_not_of("0123456789", colon + 1) == std::string::npos;
           if (!has_port) {
-            return "'" + part + "' has no port: write host:port (e.g. " + part + ":7070), unix:/path" +
+            if (allow_path && colon == std::string::npos && ::access(part.c_str(), F_OK) == 0) {
+              return "'" + part + "' is a file here, not host:port: write ./" + part + " (or unix:" + part + ")";
+            }
+            const std::string host = colon != std::string::npos && colon + 1 == part.size() ? part.substr(0, colon) : part;
+            return "'" + part + "' has no port: write host:port (e.g. " + host + ":7070), unix:/path" +
                    (allow_path ? " or a socket's path" : "");
           }
         }

@@ -26,7 +26,8 @@ int Fail(const absl::Status& status);
 // host too), or a gRPC target with a scheme (unix:, unix-abstract:, dns:, ipv4:, ipv6:), or
 // with `allow_path` a socket's path (/...). A host without a port is refused with what to write
 // (gRPC would take it as port 443 and retry it for seconds).
-CLI::Validator DaemonAddress(bool allow_path);
+// `allow_list`: several addresses separated by commas (replicas).
+CLI::Validator DaemonAddress(bool allow_path, bool allow_list = true);
 // A command line that cannot mean anything (options that contradict each other, a value
 // outside its words): prints "conveyor COMMAND: <message>; see 'conveyor COMMAND --help'" and
 // returns 2 (kExitUsage), as a parse error does.

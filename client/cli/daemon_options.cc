@@ -4,21 +4,35 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/mapped_file.h"
 
 namespace conveyor::cli {
 
 std::string DaemonTarget(const std::string& address) {
-  if (!address.empty() && (address[0] == '/' || address.rfind("./", 0) == 0 || address.rfind("../", 0) == 0))
-    return "unix:" + address;
-  return address;
+  std::vector<std::string> parts = absl::StrSplit(address, ',');
+  for (std::string& a : parts) {
+    if (!a.empty() && (a[0] == '/' || a.rfind("./", 0) == 0 || a.rfind("../", 0) == 0)) a = "unix:" + a;
+  }
+  return absl::StrJoin(parts, ",");
 }
 
-void AddDaemonConnectionOptions(CLI::App* cmd, DaemonConnectionArgs* args) {
-  cmd->add_option("--tls-ca", args->tls_ca, "PEM roots to trust: connect with TLS (the daemon's --tls-cert is signed by them)");
-  cmd->add_option("--tls-server-name", args->tls_server_name, "Name the daemon's certificate must carry, if not the host's");
+void AddDaemonConnectionOptions(CLI::App* cmd, DaemonConnectionArgs* args, const std::string& prefix) {
+  cmd->add_option("--tls-ca", args->tls_ca,
+                  prefix + "PEM roots to trust: connect with TLS (the daemon's certificate is signed by them)");
+  cmd->add_option("--tls-server-name", args->tls_server_name,
+                  prefix + "Name the daemon's certificate must carry, if not the address's host (with --tls-ca)");
   cmd->add_option("--token-file", args->token_file,
-                  "File with the bearer token the daemon requires on TCP (its --token-file; not needed on its unix socket)");
+                  prefix + "File with the bearer token the daemon requires on TCP (its --token-file; not needed on "
+                           "its unix socket)");
+}
+
+absl::Status CheckDaemonConnectionArgs(const DaemonConnectionArgs& args) {
+  if (!args.tls_server_name.empty() && args.tls_ca.empty()) {
+    return absl::InvalidArgumentError("--tls-server-name applies to TLS: give --tls-ca too");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ClientOptions> MakeClientOptions(const DaemonConnectionArgs& args) {
@@ -26,6 +40,11 @@ absl::StatusOr<ClientOptions> MakeClientOptions(const DaemonConnectionArgs& args
   if (!args.tls_ca.empty()) {
     auto roots = ReadFileToString(args.tls_ca);
     if (!roots.ok()) return roots.status();
+    // An empty string would mean plaintext to the client: the token would travel in clear.
+    if (!absl::StrContains(*roots, "-----BEGIN CERTIFICATE-----")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-ca ", args.tls_ca, ": no PEM certificate in it (expected a '-----BEGIN CERTIFICATE-----' block)"));
+    }
     co.tls_root_certs = *roots;
   }
   co.tls_server_name = args.tls_server_name;
@@ -34,23 +53,35 @@ absl::StatusOr<ClientOptions> MakeClientOptions(const DaemonConnectionArgs& args
     if (!token.ok()) return token.status();
     co.token = *token;
     while (!co.token.empty() && std::isspace(static_cast<unsigned char>(co.token.back()))) co.token.pop_back();
+    if (co.token.empty()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", args.token_file, " is empty"));
   }
   return co;
 }
 
 absl::Status ExplainDaemonError(const std::string& address, const absl::Status& status) {
   if (status.ok()) return status;
-  std::string hint;
   const absl::string_view m = status.message();
-  if (absl::IsUnavailable(status) && (absl::StrContains(m, "Ssl") || absl::StrContains(m, "SSL"))) {
-    hint = "; TLS did not start: a daemon without TLS is reached without --tls-ca, one with TLS with it (and "
-           "--tls-server-name when its certificate names another host)";
-  } else if (absl::IsUnavailable(status) && absl::StrContains(m, "failed to connect")) {
-    hint = "; is conveyord running and listening there? ('conveyor health " + address + "' asks it)";
+  const std::string first = address.substr(0, address.find(','));
+  std::string hint;
+  if (absl::IsUnavailable(status)) {
+    if (absl::StrContains(m, "wrong version number")) {
+      hint = "the daemon does not serve TLS there: connect without --tls-ca";
+    } else if (absl::StrContains(m, "certificate verify failed")) {
+      hint = "the daemon's certificate is not signed by the --tls-ca roots: give the CA that signed its --tls-cert";
+    } else if (absl::StrContains(m, "not in peer certificate")) {
+      hint = "its certificate is for another name: pass that name with --tls-server-name";
+    } else if (absl::StrContains(m, "Socket closed") || absl::StrContains(m, "Connection reset")) {
+      hint = "the daemon closed the connection at once: one serving TLS is reached with --tls-ca";
+    } else if (absl::StrContains(m, "DNS resolution failed")) {
+      hint = "the host name does not resolve";
+    } else if (absl::StrContains(m, "failed to connect") && !absl::StrContains(m, "is conveyord running")) {
+      hint = "is conveyord running and listening there? ('conveyor health " + first + "' asks it)";
+    }
   } else if (absl::IsUnauthenticated(status)) {
-    hint = "; pass the daemon's token with --token-file (or connect through its unix socket)";
+    hint = "pass the daemon's token with --token-file (a wrong one is refused alike), or connect through its unix socket";
   }
-  return absl::Status(status.code(), absl::StrCat(address, ": ", m, hint));
+  const std::string prefix = absl::StrContains(m, "daemon at " + address) ? "" : address + ": ";
+  return absl::Status(status.code(), absl::StrCat(prefix, m, hint.empty() ? "" : "; ", hint));
 }
 
 }  // namespace conveyor::cli

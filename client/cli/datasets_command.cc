@@ -114,6 +114,9 @@ int RunDatasets(const DatasetsArgs& args) {
       PrintText(*d);
     }
   }
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    return Fail(absl::UnavailableError("cannot write the description to stdout"));
+  }
   return 0;
 }
 
@@ -129,7 +132,9 @@ void RegisterDatasets(CLI::App& app, int* exit_code) {
       "Examples:\n"
       "  conveyor datasets unix:/run/conveyor/conveyord.sock\n"
       "  conveyor datasets 10.0.0.5:7070 train --token-file token --json");
-  cmd->add_option("address", args->address, "Daemon address: host:port, unix:/path, or a socket's path")
+  cmd->add_option("address", args->address,
+                  "Daemon address: host:port, unix:/path, a socket's path, or replicas separated by commas (the "
+                  "first that answers)")
       ->required()
       ->check(DaemonAddress(/*allow_path=*/true));
   cmd->add_option("names", args->names, "Datasets to describe (default: every one)");
@@ -138,7 +143,13 @@ void RegisterDatasets(CLI::App& app, int* exit_code) {
                 "\"samples\", \"randomize\", \"randomization_window\", \"randomization_window_unit\", \"frame_mode\", "
                 "\"streams\": [{\"name\", \"alias\", \"format\", \"dim\", \"defines_minibatch_size\"}]}");
   AddDaemonConnectionOptions(cmd, &args->connection);
-  cmd->callback([args, exit_code] { *exit_code = RunDatasets(*args); });
+  cmd->callback([args, exit_code] {
+    if (absl::Status usage = CheckDaemonConnectionArgs(args->connection); !usage.ok()) {
+      *exit_code = FailUsage("datasets", usage);
+      return;
+    }
+    *exit_code = RunDatasets(*args);
+  });
 }
 
 }  // namespace conveyor::cli

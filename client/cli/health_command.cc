@@ -65,7 +65,7 @@ void RegisterHealth(CLI::App& app, int* exit_code) {
       "the unix socket or a TCP port without TLS (the health service needs no token).");
   cmd->add_option("address", args->address, "Daemon address: host:port, unix:/path or a socket's path")
       ->required()
-      ->check(DaemonAddress(/*allow_path=*/true));
+      ->check(DaemonAddress(/*allow_path=*/true, /*allow_list=*/false));
   cmd->add_option("--timeout", args->timeout, "Seconds to wait for the answer (default 3)")->check(CLI::Range(0.05, 600.0));
   cmd->add_flag("--quiet", args->quiet, "Print nothing; only the exit status tells");
   cmd->callback([args, exit_code] { *exit_code = RunHealth(*args); });

@@ -1,6 +1,7 @@
 // conveyor: the command-line client. See `conveyor --help`.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "absl/synchronization/mutex.h"
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   // Debian's abseil is built without NDEBUG, so every absl::Mutex lock would also update a
   // lock-order graph (1-2% of a stream's CPU in profiles). The tests keep the detection on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // gRPC logs a failed TLS handshake or connection as raw lines on stderr ("E1130 ...
+  // ssl_transport_security.cc ... Handshake failed"), next to the one line the command prints
+  // from the call's status with what to do. Quiet unless the user asks (GRPC_VERBOSITY set).
+  ::setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
   CLI::App app{
       "conveyor: a data loader for training. It indexes datasets in CNTK text or binary format, "
       "HTK features with MLF labels and Kaldi tables (alone or joined by key), randomizes them as "

@@ -41,7 +41,7 @@ int RunSubscribe(const SubscribeArgs& args) {
   ClientOptions co = *options;
   co.keepalive_time_ms = static_cast<int>(args.keepalive * 1000);
   co.keepalive_timeout_ms = co.keepalive_time_ms;
-  auto client = Client::Connect(args.address, co);
+  auto client = Client::Connect(DaemonTarget(args.address), co);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
@@ -57,10 +57,18 @@ int RunSubscribe(const SubscribeArgs& args) {
   std::string out;
   uint64_t batches = 0, samples = 0, bytes = 0, dropped = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  auto say_dropped = [&dropped] {
+    if (dropped == 0) return;
+    std::fprintf(stderr,
+                 "conveyor: %llu piece%s (whole sequences; frames in frame mode; fragments in truncated BPTT) left out "
+                 "of the batches: dropped as bad input under the dataset's maxErrors (the daemon's log names them)\n",
+                 static_cast<unsigned long long>(dropped), dropped == 1 ? "" : "s");
+  };
   while (true) {
     auto more = (*sub)->Next(&batch);
     if (!more.ok()) {
       std::fflush(stdout);
+      say_dropped();
       if (!(*sub)->last_cursor().empty()) {
         std::fprintf(stderr, "conveyor: last cursor received: %s\n", (*sub)->last_cursor().c_str());
       }
@@ -85,12 +93,7 @@ int RunSubscribe(const SubscribeArgs& args) {
     }
   }
   std::fflush(stdout);
-  if (dropped > 0) {
-    std::fprintf(stderr,
-                 "conveyor: %llu piece%s (sequences, or frames in frame mode) left out of the batches: dropped as "
-                 "bad input under the dataset's maxErrors (the daemon's log names them)\n",
-                 static_cast<unsigned long long>(dropped), dropped == 1 ? "" : "s");
-  }
+  say_dropped();
   if (!args.dump) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s from %s: %llu batches, %llu samples, %.1f MB in %.3f s: %.0f samples/s, %.1f MB/s\n",
@@ -112,10 +115,10 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
       "print the throughput, or with --dump every sequence in the dump format (the same lines as "
       "`conveyor dump` with the same options). A broken stream is resumed from the last cursor.");
   cmd->add_option("address", args->address,
-                  "Daemon address: host:port, unix:/path, dns:///name:port, or replicas separated by commas "
+                  "Daemon address: host:port, unix:/path, a socket's path, dns:///name:port, or replicas separated by commas "
                   "(a stream whose daemon fails resumes on the next)")
       ->required()
-      ->check(DaemonAddress(/*allow_path=*/false));
+      ->check(DaemonAddress(/*allow_path=*/true));
   cmd->add_option("--dataset", args->dataset, "Dataset to stream (as the daemon names it)")->required();
   cmd->add_flag("--dump", args->dump, "Print the batches in the dump format");
   cmd->add_option("--credits", args->credits, "Batches the daemon may send ahead of this client (default 4, at most 64)")
@@ -136,6 +139,10 @@ void RegisterSubscribe(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1.0, 3600.0));
   AddStreamOptions(cmd, &args->stream, /*in_process=*/false);
   cmd->callback([cmd, args, exit_code] {
+    if (absl::Status usage = CheckDaemonConnectionArgs(args->connection); !usage.ok()) {
+      *exit_code = FailUsage("subscribe", usage);
+      return;
+    }
     // The daemon parses and assembles: options that only steer this process would be ignored.
     for (const char* local : {"--threads", "--assembler", "--device"}) {
       if (cmd->count(local) > 0) {

@@ -378,12 +378,17 @@ absl::StatusOr<bool> Subscription::Next(ReceivedBatch* out) {
     const int limit = options_.max_reconnects * static_cast<int>(channels_.size());
     if (!absl::IsUnavailable(st) || !options_.reconnect || reconnects_ >= limit) {
       if (absl::IsUnavailable(st) && absl::StrContains(st.message(), "failed to connect")) {
-        // gRPC's own words name the address but not what to check.
-        return absl::UnavailableError(absl::StrCat("cannot reach a daemon at ", absl::StrJoin(addresses_, ","),
-                                                   " (is conveyord running and listening there?",
-                                                   options_.reconnect ? absl::StrCat(" tried ", reconnects_ + 1, " times")
-                                                                      : std::string(),
-                                                   "): ", st.message()));
+        // gRPC's own words name the address but not what to check. A handshake that failed
+        // (TLS, or a connection closed at once) reached something listening: not asked then.
+        const bool reached = absl::StrContains(st.message(), "Ssl") || absl::StrContains(st.message(), "SSL") ||
+                             absl::StrContains(st.message(), "certificate") ||
+                             absl::StrContains(st.message(), "Socket closed");
+        const std::string tried =
+            options_.reconnect ? absl::StrCat("tried ", reconnects_ + 1, " times") : std::string();
+        return absl::UnavailableError(absl::StrCat(
+            "cannot reach a daemon at ", absl::StrJoin(addresses_, ","), " (",
+            reached ? tried : absl::StrCat("is conveyord running and listening there?", tried.empty() ? "" : " ", tried),
+            reached && tried.empty() ? "a handshake failed" : "", "): ", st.message()));
       }
       return st;
     }

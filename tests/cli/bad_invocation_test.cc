@@ -233,6 +233,14 @@ TEST_F(BadInvocation, ConveyorEndsWithOneLineAndStatusOneOrTwo) {
       {{"datasets", "127.0.0.1:1"}, 1, "127.0.0.1:1: failed to connect"},
       {{"datasets", "unix:" + not_a_socket_}, 1, "is conveyord running and listening there?"},
       {{"bench", "127.0.0.1:1", "--dataset", "simple", "--token-file", "/nonexistent"}, 1, "/nonexistent"},
+      {{"bench", examples_, "--dataset", "simple", "--token-file", "/nonexistent"}, 2, "apply to a daemon's address"},
+      {{"health", "127.0.0.1:1,127.0.0.1:2"}, 2, "one daemon address, not a list"},
+      {{"datasets", "127.0.0.1:1", "--tls-server-name", "x"}, 2, "--tls-server-name applies to TLS: give --tls-ca too"},
+      // An empty --tls-ca would have meant plaintext (the token in clear); an empty token, none.
+      {{"datasets", "127.0.0.1:1", "--tls-ca", dir_.Write("empty.pem", "")}, 1, "no PEM certificate in it"},
+      {{"subscribe", "127.0.0.1:1", "--dataset", "simple", "--tls-ca", examples_}, 1, "no PEM certificate in it"},
+      {{"datasets", "127.0.0.1:1", "--token-file", dir_.Write("empty.token", "\n")}, 1, "empty.token is empty"},
+      {{"datasets", "127.0.0.1:"}, 2, "(e.g. 127.0.0.1:7070)"},
   };
   Check(CONVEYOR_BINARY, cases);
 }

@@ -68,6 +68,7 @@ class ClientTest(unittest.TestCase):
         cls.client.close()
         cls.daemon.terminate()
         cls.daemon.wait(timeout=30)
+        cls.daemon.stderr.close()
         cls.tmp.cleanup()
 
     def test_list_and_describe(self):
@@ -116,7 +117,8 @@ class ClientTest(unittest.TestCase):
                 out = subprocess.run([CONVEYOR, "subscribe", address, "--dataset", "bad", "--minibatch-size", "4"],
                                      capture_output=True, text=True, timeout=60)
                 self.assertEqual(out.returncode, 0, out.stderr)
-                self.assertIn("conveyor: 2 pieces (sequences, or frames in frame mode) left out of the batches: "
+                self.assertIn("conveyor: 2 pieces (whole sequences; frames in frame mode; fragments in truncated BPTT) left out "
+                              "of the batches: "
                               "dropped as bad input under the dataset's maxErrors", out.stderr)
             finally:
                 daemon.terminate()

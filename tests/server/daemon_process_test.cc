@@ -19,6 +19,8 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
@@ -38,6 +40,23 @@ v1::Subscribe Sub() {
   s.set_randomize(true);
   s.set_seed(9);
   return s;
+}
+
+// `conveyor ARGS`: its exit status and its output (stdout, then stderr).
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+CliRun Conveyor(const std::string& args) {
+  CliRun r;
+  FILE* p = ::popen((std::string(CONVEYOR_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 // Reads `sub` (at most 100000 batches) until a Next() fails; that error.
@@ -258,21 +277,8 @@ TEST(DaemonProcess, DatasetsCommandDescribesWhatTheDaemonServes) {
   o.extra = {"--token-file", token};
   DaemonProcess d(dir.path(), o);
   ASSERT_TRUE(d.started());
-  struct Run {
-    int code = -1;
-    std::string out;  // stdout, then stderr
-  };
-  auto conveyor = [](const std::string& args) {
-    Run r;
-    FILE* p = ::popen((std::string(CONVEYOR_BINARY) + " datasets " + args + " 2>&1").c_str(), "r");
-    if (p == nullptr) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = ::pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  };
+  using Run = CliRun;
+  auto conveyor = [](const std::string& args) { return Conveyor("datasets " + args); };
   // examples/conveyor.yaml: simple is 1000 lines of two dense 2-dim streams, in one chunk (a
   // 32 MiB default chunk), window 4 GiB / 32 MiB = 128 chunks, randomize: false.
   const Run text = conveyor(d.socket_path());
@@ -306,12 +312,55 @@ TEST(DaemonProcess, DatasetsCommandDescribesWhatTheDaemonServes) {
   const Run unknown = conveyor(d.unix_address() + " simple nope");
   EXPECT_EQ(unknown.code, 1) << unknown.out;
   EXPECT_NE(unknown.out.find("no dataset 'nope' (served: sequences, simple, sparse)"), std::string::npos) << unknown.out;
+  // Replicas: the first not listening, the second the socket by its bare path.
+  const Run replicas = conveyor("127.0.0.1:1," + d.socket_path() + " simple --json");
+  EXPECT_EQ(replicas.code, 0) << replicas.out;
+  EXPECT_EQ(replicas.out.rfind("{\"name\": \"simple\"", 0), 0u) << replicas.out;
   d.Kill(SIGKILL);
   const Run gone = conveyor(d.address() + " --token-file " + token);
   EXPECT_EQ(gone.code, 1) << gone.out;
   EXPECT_NE(gone.out.find("is conveyord running and listening there? ('conveyor health " + d.address()),
             std::string::npos)
       << gone.out;
+}
+
+// TLS set up wrong in each of the usual ways: one line that says which, no gRPC log lines.
+TEST(DaemonProcess, DaemonCommandsSayWhatIsWrongWithTls) {
+  TempDir dir;
+  auto make_cert = [&](const std::string& name) {
+    const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=conveyor-test -addext "
+                            "subjectAltName=DNS:conveyor-test -keyout " + dir.path() + "/" + name + ".key -out " +
+                            dir.path() + "/" + name + ".pem >/dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0;
+  };
+  if (!make_cert("cert") || !make_cert("other")) GTEST_SKIP() << "openssl could not make a test certificate";
+  const std::string cert = dir.path() + "/cert.pem", other = dir.path() + "/other.pem";
+  const std::string token = dir.Write("token", "s3cret\n");
+  DaemonProcessOptions o;
+  o.extra = {"--token-file", token, "--tls-cert", cert, "--tls-key", dir.path() + "/cert.key"};
+  DaemonProcess tls(dir.path(), o);
+  ASSERT_TRUE(tls.started());
+  DaemonProcess plain(dir.path());
+  ASSERT_TRUE(plain.started());
+  const std::string t = " --token-file " + token;
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {tls.address() + t, "the daemon closed the connection at once: one serving TLS is reached with --tls-ca"},
+           {tls.address() + t + " --tls-ca " + cert, "its certificate is for another name: pass that name with --tls-server-name"},
+           {tls.address() + t + " --tls-ca " + other + " --tls-server-name conveyor-test",
+            "the daemon's certificate is not signed by the --tls-ca roots"},
+           {plain.address() + " --tls-ca " + cert, "the daemon does not serve TLS there: connect without --tls-ca"},
+       }) {
+    const CliRun r = Conveyor("datasets " + args);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << args << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+  }
+  const CliRun good = Conveyor("datasets " + tls.address() + t + " --tls-ca " + cert + " --tls-server-name conveyor-test simple");
+  EXPECT_EQ(good.code, 0) << good.out;
+  const CliRun stream = Conveyor("subscribe " + tls.address() + t + " --tls-ca " + cert +
+                                 " --tls-server-name conveyor-test --dataset simple --minibatch-size 500");
+  EXPECT_EQ(stream.code, 0) << stream.out;
+  EXPECT_NE(stream.out.find("simple from " + tls.address() + ": 2 batches, 1000 samples"), std::string::npos) << stream.out;
 }
 
 TEST(DaemonProcess, SigtermDrainsAndExitsCleanly) {

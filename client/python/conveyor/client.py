@@ -55,15 +55,27 @@ class ConveyorError(RuntimeError):
 
 
 def _hint(address, code, details):
-    """What a person can do about the usual failures of a call to `address`."""
+    """What a person can do about the usual failures of a call to `address` ("" when nothing
+    useful can be said), as `conveyor` says it."""
     details = details or ""
-    if code == grpc.StatusCode.UNAVAILABLE and ("Ssl" in details or "SSL" in details):
-        return ("; TLS did not start: a daemon without TLS is reached without root_certificates, one with TLS "
-                "with them (and server_name when its certificate names another host)")
-    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details:
-        return f"; is conveyord running and listening there? (`conveyor health {address}` asks it)"
+    first = address.split(",")[0]
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if "wrong version number" in details:
+            return "; the daemon does not serve TLS there: connect without root_certificates"
+        if "certificate verify failed" in details:
+            return ("; the daemon's certificate is not signed by root_certificates: give the CA that signed its "
+                    "--tls-cert")
+        if "not in peer certificate" in details:
+            return "; its certificate is for another name: pass that name as server_name"
+        if "Socket closed" in details or "Connection reset" in details:
+            return "; the daemon closed the connection at once: one serving TLS is reached with root_certificates"
+        if "DNS resolution failed" in details:
+            return "; the host name does not resolve"
+        if "failed to connect" in details:
+            return f"; is conveyord running and listening there? (`conveyor health {first}` asks it)"
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return "; pass the daemon's token (Client(..., token=...)), or connect through its unix socket"
+        return ("; pass the daemon's token (Client(..., token=...); a wrong one is refused alike), or connect "
+                "through its unix socket")
     return ""
 
 
@@ -853,7 +865,7 @@ class Client:
 
     def _unary(self, name, request):
         """Calls `name` on each daemon in turn while they are UNAVAILABLE; a failure is a
-        ConveyorError naming the daemon, as a stream's are."""
+        ConveyorError naming the daemon that answered last, with a hint as a stream's has."""
         error = None
         _, stubs = self._connect()
         for _ in range(len(stubs)):
