@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace conveyor {
@@ -69,12 +70,31 @@ class ErrorBudget {
   void Refund(uint64_t n) { spent_.fetch_sub(n); }
   uint64_t max_errors() const { return max_errors_; }
 
+  // What a reader stops with at `error`, which Spend() refused: `error` and the budget it
+  // broke; or, where another error broke it before (an earlier read, another subscription, so
+  // that this one, counted then, is refused now), which one did and that the budget stays
+  // broken while the dataset is open. The first error passed here is taken for the breaking one.
+  std::string Exceeded(const std::string& error) {
+    std::string first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_by_.empty()) broken_by_ = error;
+      first = broken_by_;
+    }
+    const std::string limit = "maxErrors=" + std::to_string(max_errors_);
+    if (first == error) return error + " (more than " + limit + " input errors; raise maxErrors to skip bad sequences)";
+    return error + " (the dataset's " + limit + " was exceeded earlier, first by: " + first +
+           "; while the dataset stays open every input error stops reading: fix the data or raise maxErrors, then "
+           "open it again (restart the daemon))";
+  }
+
  private:
   static inline thread_local ChunkScope* current_ = nullptr;
   const uint64_t max_errors_;
   std::atomic<uint64_t> spent_{0};
   std::mutex mu_;
   std::unordered_map<uint64_t, uint64_t> by_chunk_;  // errors each chunk's parses met, at most
+  std::string broken_by_;                            // the error that broke the budget (Exceeded)
 };
 
 }  // namespace conveyor

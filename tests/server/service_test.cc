@@ -100,6 +100,44 @@ TEST(Service, BatchesSayHowManyBadSequencesTheyLeftOut) {
   EXPECT_EQ(first, (std::vector<float>{0, 4, 8}));
 }
 
+// maxErrors is the dataset's budget for as long as the daemon has it open: the subscription
+// whose read breaks it is told so; a later one, re-reading the bad sequence that was within
+// budget then, is told which error broke it and what to do, not "more than maxErrors" at an
+// error that was not.
+TEST(Service, ABrokenErrorBudgetSaysWhichErrorBrokeIt) {
+  TempDir dir;
+  const std::string file = dir.Write("bad.ctf", "|x 1 2\n|x 1 abc\n|x 3 4\n|x 5 def\n|x 7 8\n");
+  const std::string config = dir.Write(
+      "bad.yaml", "datasets:\n  bad:\n    randomize: false\n    maxErrors: 1\n    deserializers:\n"
+                  "      - type: CNTKTextFormat\n        file: " + file + "\n        input:\n          x: {dim: 2, format: dense}\n");
+  Daemon d({}, config);
+  auto client = Client::Connect(d.tcp());
+  ASSERT_TRUE(client.ok());
+  auto read = [&] {
+    auto sub = (*client)->Subscribe(Sub("bad", 2, /*randomize=*/false));
+    ReceivedBatch b;
+    while (true) {
+      auto more = (*sub)->Next(&b);
+      if (!more.ok()) return more.status();
+      if (!*more) return absl::OkStatus();
+    }
+  };
+  const absl::Status first = read();
+  EXPECT_EQ(first.code(), absl::StatusCode::kDataLoss) << first;
+  EXPECT_NE(first.message().find("bad.ctf:4:6: unexpected 'd': expected a number for input 'x' (more than maxErrors=1 "
+                                 "input errors; raise maxErrors to skip bad sequences)"),
+            std::string::npos)
+      << first;
+  const absl::Status again = read();
+  EXPECT_EQ(again.code(), absl::StatusCode::kDataLoss) << again;
+  EXPECT_NE(again.message().find("bad.ctf:2:6: unexpected 'a': expected a number for input 'x' (the dataset's "
+                                 "maxErrors=1 was exceeded earlier, first by: "),
+            std::string::npos)
+      << again;
+  EXPECT_NE(again.message().find("first by: " + file + ":4:6:"), std::string::npos) << again;
+  EXPECT_NE(again.message().find("restart the daemon"), std::string::npos) << again;
+}
+
 TEST(Service, SubscribeDeliversWhatDumpPrintsOverTcpAndUnix) {
   ServiceOptions o;
   o.inline_part_bytes = 4096;  // several messages a batch: exercises reassembly

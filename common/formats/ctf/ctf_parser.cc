@@ -80,9 +80,7 @@ class ChunkParser {
       Restore();
       out_->slot_of.push_back(-1);
       if (!budget_->Spend()) {
-        status_ = absl::DataLossError(absl::StrCat(
-            error_, " (more than maxErrors=", budget_->max_errors(),
-            " input errors; raise maxErrors to skip bad sequences)"));
+        status_ = absl::DataLossError(budget_->Exceeded(error_));
         return false;
       }
       diagnostics_->Report(Severity::kWarning, "skipped sequence",
