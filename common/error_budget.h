@@ -32,6 +32,7 @@ class ErrorBudget {
       std::lock_guard<std::mutex> lock(budget_->mu_);
       auto it = budget_->by_chunk_.find(chunk_);
       allowance_ = it == budget_->by_chunk_.end() ? 0 : it->second;
+      broken_before_ = budget_->spent_.load() > budget_->max_errors_;
       current_ = this;
     }
     ~ChunkScope() {
@@ -50,6 +51,7 @@ class ErrorBudget {
     ChunkScope* const outer_;
     uint64_t allowance_ = 0;  // errors of this chunk counted by an earlier parse, not met again yet
     uint64_t counted_ = 0;    // errors met by this parse
+    bool broken_before_ = false;  // the budget was broken when this parse began
   };
 
   // Spends `n` units; returns false when the total now exceeds the budget (or, for errors a
@@ -71,21 +73,27 @@ class ErrorBudget {
   uint64_t max_errors() const { return max_errors_; }
 
   // What a reader stops with at `error`, which Spend() refused: `error` and the budget it
-  // broke; or, where another error broke it before (an earlier read, another subscription, so
-  // that this one, counted then, is refused now), which one did and that the budget stays
-  // broken while the dataset is open. The first error passed here is taken for the breaking one.
+  // broke; or, where the budget was broken before this chunk's parse began (an earlier read,
+  // another subscription, so that this error, counted then, is refused now), the error that
+  // broke it and that it stays broken while the dataset is open. Parses running at the same
+  // time as the one that broke it get the first message: whichever thread got there first,
+  // neither error was refused "earlier".
   std::string Exceeded(const std::string& error) {
+    const ChunkScope* s = current_;
+    const bool earlier = s != nullptr && s->budget_ == this && s->broken_before_;
     std::string first;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (broken_by_.empty()) broken_by_ = error;
+      if (!earlier && broken_by_.empty()) broken_by_ = error;
       first = broken_by_;
     }
     const std::string limit = "maxErrors=" + std::to_string(max_errors_);
-    if (first == error) return error + " (more than " + limit + " input errors; raise maxErrors to skip bad sequences)";
+    if (!earlier || first.empty() || first == error) {
+      return error + " (more than " + limit + " input errors; raise maxErrors to skip bad sequences)";
+    }
     return error + " (the dataset's " + limit + " was exceeded earlier, first by: " + first +
            "; while the dataset stays open every input error stops reading: fix the data or raise maxErrors, then "
-           "open it again (restart the daemon))";
+           "open the dataset again (a daemon: restart it))";
   }
 
  private:

@@ -99,7 +99,10 @@ int RunBenchRemote(const BenchArgs& args) {
   if (!request.ok()) return FailUsage("bench", request.status());
   auto options = MakeClientOptions(args.connection);
   if (!options.ok()) return Fail(options.status());
-  auto client = Client::Connect(DaemonTarget(args.config), *options);
+  // A socket's path, relative ones too ("d.sock" from its directory), is that unix socket.
+  struct stat st;
+  const bool socket = ::stat(args.config.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+  auto client = Client::Connect(socket ? "unix:" + args.config : DaemonTarget(args.config), *options);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
@@ -112,7 +115,7 @@ int RunBenchRemote(const BenchArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   while (true) {
     auto more = (*sub)->Next(&batch);
-    if (!more.ok()) return Fail(ExplainDaemonError(args.config, more.status()));
+    if (!more.ok()) return Fail(ExplainDaemonError(args.config, more.status(), args.connection, batches > 0));
     if (!*more) break;
     samples += batch.plan().num_samples;
     bytes += batch.bytes().size();

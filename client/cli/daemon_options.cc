@@ -2,6 +2,11 @@
 
 #include <cctype>
 
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -58,30 +63,44 @@ absl::StatusOr<ClientOptions> MakeClientOptions(const DaemonConnectionArgs& args
   return co;
 }
 
-absl::Status ExplainDaemonError(const std::string& address, const absl::Status& status) {
+absl::Status ExplainDaemonError(const std::string& address, const absl::Status& status,
+                                const DaemonConnectionArgs& connection, bool received) {
   if (status.ok()) return status;
   const absl::string_view m = status.message();
+  // OpenSSL (Debian's gRPC) writes "wrong version number", BoringSSL (upstream gRPC)
+  // "WRONG_VERSION_NUMBER": both, in any case.
+  const std::string lower = absl::AsciiStrToLower(m);
+  auto says = [&lower](std::initializer_list<const char*> words) {
+    for (const char* w : words)
+      if (absl::StrContains(lower, w)) return true;
+    return false;
+  };
+  const bool tls = !connection.tls_ca.empty();
   const std::string first = address.substr(0, address.find(','));
   std::string hint;
   if (absl::IsUnavailable(status)) {
-    if (absl::StrContains(m, "wrong version number")) {
+    if (says({"wrong version number", "wrong_version_number"})) {
       hint = "the daemon does not serve TLS there: connect without --tls-ca";
-    } else if (absl::StrContains(m, "certificate verify failed")) {
+    } else if (says({"certificate verify failed", "certificate_verify_failed", "unknown ca"})) {
       hint = "the daemon's certificate is not signed by the --tls-ca roots: give the CA that signed its --tls-cert";
-    } else if (absl::StrContains(m, "not in peer certificate")) {
+    } else if (says({"not in peer certificate", "no match found for server name"})) {
       hint = "its certificate is for another name: pass that name with --tls-server-name";
-    } else if (absl::StrContains(m, "Socket closed") || absl::StrContains(m, "Connection reset")) {
-      hint = "the daemon closed the connection at once: one serving TLS is reached with --tls-ca";
-    } else if (absl::StrContains(m, "DNS resolution failed")) {
+    } else if (says({"ssl", "handshake"})) {
+      hint = "TLS did not start: check --tls-ca and --tls-server-name against the daemon's --tls-cert";
+    } else if (says({"socket closed", "connection reset"})) {
+      hint = received || tls ? "the connection broke (was the daemon stopped or restarted?)"
+                             : "the daemon closed the connection at once: one serving TLS is reached with --tls-ca";
+    } else if (says({"dns resolution failed"})) {
       hint = "the host name does not resolve";
-    } else if (absl::StrContains(m, "failed to connect") && !absl::StrContains(m, "is conveyord running")) {
-      hint = "is conveyord running and listening there? ('conveyor health " + first + "' asks it)";
+    } else if (says({"failed to connect"}) && !says({"is conveyord running"})) {
+      hint = "is conveyord running and listening there?";
+      if (!tls) hint += " ('conveyor health " + first + "' asks it)";
     }
   } else if (absl::IsUnauthenticated(status)) {
     hint = "pass the daemon's token with --token-file (a wrong one is refused alike), or connect through its unix socket";
   }
-  const std::string prefix = absl::StrContains(m, "daemon at " + address) ? "" : address + ": ";
-  return absl::Status(status.code(), absl::StrCat(prefix, m, hint.empty() ? "" : "; ", hint));
+  const bool named = absl::StrContains(m, "daemon at " + address) || absl::StrContains(m, "daemon at " + DaemonTarget(address));
+  return absl::Status(status.code(), absl::StrCat(named ? "" : address + ": ", m, hint.empty() ? "" : "; ", hint));
 }
 
 }  // namespace conveyor::cli

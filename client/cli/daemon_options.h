@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,10 +31,12 @@ absl::Status CheckDaemonConnectionArgs(const DaemonConnectionArgs& args);
 // The client options they make (files read and checked: one unreadable, a --tls-ca file
 // without a PEM certificate, an empty token file are errors naming the file).
 absl::StatusOr<ClientOptions> MakeClientOptions(const DaemonConnectionArgs& args);
-// `status` from a call to the daemon at `address`, with what a person can do about the usual
-// failures: nothing listening there, a name that does not resolve, a token missing or wrong,
-// TLS against plaintext and back, a certificate of other roots or another name. The address
-// is named unless the message names it already.
-absl::Status ExplainDaemonError(const std::string& address, const absl::Status& status);
+// `status` from a call to the daemon at `address` made with `connection`, with what a person
+// can do about the usual failures: nothing listening there, a name that does not resolve, a
+// token missing or wrong, TLS against plaintext and back, a certificate of other roots or
+// another name, a connection that broke (`received`: the call had delivered something). The
+// address is named unless the message names it already.
+absl::Status ExplainDaemonError(const std::string& address, const absl::Status& status,
+                                const DaemonConnectionArgs& connection, bool received = false);
 
 }  // namespace conveyor::cli

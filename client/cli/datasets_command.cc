@@ -1,5 +1,6 @@
 // conveyor datasets ADDR [NAME...]: what a running daemon serves: each dataset's streams
 // (name, alias, format, dim), size and randomization defaults, as DescribeDataset answers.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -95,7 +96,7 @@ int RunDatasets(const DatasetsArgs& args) {
   std::vector<std::string> names = args.names;
   if (names.empty()) {
     auto listed = (*client)->ListDatasets();
-    if (!listed.ok()) return Fail(ExplainDaemonError(args.address, listed.status()));
+    if (!listed.ok()) return Fail(ExplainDaemonError(args.address, listed.status(), args.connection));
     names = *listed;
     if (!args.json) {
       std::printf("%s serves %zu dataset%s\n", args.address.c_str(), names.size(), names.size() == 1 ? "" : "s");
@@ -105,7 +106,7 @@ int RunDatasets(const DatasetsArgs& args) {
     auto d = (*client)->Describe(names[i]);
     if (!d.ok()) {
       std::fflush(stdout);
-      return Fail(ExplainDaemonError(args.address, d.status()));
+      return Fail(ExplainDaemonError(args.address, d.status(), args.connection));
     }
     if (args.json) {
       std::printf("%s\n", Json(*d).c_str());

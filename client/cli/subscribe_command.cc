@@ -72,7 +72,7 @@ int RunSubscribe(const SubscribeArgs& args) {
       if (!(*sub)->last_cursor().empty()) {
         std::fprintf(stderr, "conveyor: last cursor received: %s\n", (*sub)->last_cursor().c_str());
       }
-      return Fail(ExplainDaemonError(args.address, more.status()));
+      return Fail(ExplainDaemonError(args.address, more.status(), args.connection, batches > 0));
     }
     if (!*more) break;
     ++batches;

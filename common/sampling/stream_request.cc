@@ -24,7 +24,7 @@ std::string StreamNames(const Dataset& dataset) {
 }
 
 // Numbers people pick for sizes: powers of two, 1-9 times a power of ten, multiples of 32 up
-// to 8192, each at most `limit`.
+// to 8192, each at most `limit`, each once.
 std::vector<uint64_t> LikelySizes(uint64_t limit) {
   std::vector<uint64_t> out;
   for (uint64_t v = 1; v <= limit; v *= 2) out.push_back(v);
@@ -32,31 +32,46 @@ std::vector<uint64_t> LikelySizes(uint64_t limit) {
     for (uint64_t k = 1; k <= 9 && k * ten <= limit; ++k) out.push_back(k * ten);
   }
   for (uint64_t v = 32; v <= std::min<uint64_t>(8192, limit); v += 32) out.push_back(v);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
-// The one option that, changed from the request's `p`, gives the cursor's configuration hash
-// `want`: "minibatch size 512 (this request: 256)"; "" when no single change among the likely
-// values does (then more than one option differs, or the dataset's streams do). A few hundred
-// hashes of a few dozen words each: microseconds.
-std::string DifferingOption(const DatasetConfig& config, const PlannerOptions& p, uint64_t want, uint64_t sweep_samples) {
+// The one option that, changed from the stream's `p` (resolved from request `r` and the
+// dataset's configuration), gives the cursor's configuration hash `want`: "minibatch size 512
+// (this request: 256)", or for a value the configuration set "randomization window 4 chunks
+// (now 8 chunks, from the dataset's configuration)"; "" when no single change among the
+// likely values does (more than one option differs, or the dataset's streams do). About a
+// thousand hashes of a few dozen words each: well under a millisecond, once per refused cursor.
+std::string DifferingOption(const DatasetConfig& config, const StreamRequest& r, const PlannerOptions& p,
+                            uint64_t want, uint64_t sweep_samples) {
   auto matches = [&](const PlannerOptions& q) { return StreamConfigHash(config, q) == want; };
-  auto on_off = [](bool v) { return v ? "on" : "off"; };
+  auto now = [](bool from_request, const std::string& value) {
+    return from_request ? " (this request: " + value + ")" : " (now " + value + ", from the dataset's configuration)";
+  };
+  auto on_off = [](bool v) { return std::string(v ? "on" : "off"); };
   PlannerOptions q = p;
   q.randomizer.randomize = !p.randomizer.randomize;
-  if (matches(q)) return absl::StrCat("randomization ", on_off(q.randomizer.randomize), " (this request: ", on_off(p.randomizer.randomize), ")");
+  if (matches(q)) {
+    return "randomization " + on_off(q.randomizer.randomize) + now(r.randomize.has_value(), on_off(p.randomizer.randomize));
+  }
   q = p;
   q.randomizer.frame_mode = !p.randomizer.frame_mode;
-  if (matches(q)) return absl::StrCat("frame mode ", on_off(q.randomizer.frame_mode), " (this request: ", on_off(p.randomizer.frame_mode), ")");
+  if (matches(q)) {
+    return "frame mode " + on_off(q.randomizer.frame_mode) + now(r.frame_mode.has_value(), on_off(p.randomizer.frame_mode));
+  }
   q = p;
   q.full_minibatches = !p.full_minibatches;
-  auto mode = [](bool full) { return full ? "full" : "partial"; };
-  if (matches(q)) return absl::StrCat("minibatch mode ", mode(q.full_minibatches), " (this request: ", mode(p.full_minibatches), ")");
-  const std::vector<uint64_t> sizes = LikelySizes(kMaxMinibatchSize);
-  for (uint64_t v : sizes) {
+  auto mode = [](bool full) { return std::string(full ? "full" : "partial"); };
+  if (matches(q)) {
+    return "minibatch mode " + mode(q.full_minibatches) + now(r.full_minibatches.has_value(), mode(p.full_minibatches));
+  }
+  for (uint64_t v : LikelySizes(kMaxMinibatchSize)) {
     q = p;
     q.minibatch_size = v;
-    if (v != p.minibatch_size && matches(q)) return absl::StrCat("minibatch size ", v, " (this request: ", p.minibatch_size, ")");
+    if (v != p.minibatch_size && matches(q)) {
+      return absl::StrCat("minibatch size ", v, now(true, std::to_string(p.minibatch_size)));
+    }
   }
   auto epoch = [](const std::optional<uint64_t>& e) {
     return e ? absl::StrCat(*e, " samples") : std::string("one sweep (no epoch size)");
@@ -66,22 +81,24 @@ std::string DifferingOption(const DatasetConfig& config, const PlannerOptions& p
   for (const auto& e : epochs) {
     q = p;
     q.epoch_size = e;
-    if (e != p.epoch_size && matches(q)) return absl::StrCat("epoch size ", epoch(e), " (this request: ", epoch(p.epoch_size), ")");
+    if (e != p.epoch_size && matches(q)) {
+      return "epoch size " + epoch(e) + now(r.epoch_size.has_value(), epoch(p.epoch_size));
+    }
   }
-  if (p.randomizer.randomize) {
+  if (p.randomizer.randomize) {  // (the window is the configuration's: no request sets it)
     const char* unit = p.randomizer.sample_window ? " samples" : " chunks";
     for (uint64_t v : LikelySizes(uint64_t{1} << 40)) {
       q = p;
       q.randomizer.window = v;
       if (v != p.randomizer.window && matches(q)) {
-        return absl::StrCat("randomization window ", v, unit, " (this request: ", p.randomizer.window, unit, ")");
+        return absl::StrCat("randomization window ", v, unit, now(false, absl::StrCat(p.randomizer.window, unit)));
       }
     }
   }
   if (p.truncation > 0) {
     q = p;
     q.truncation = 0;
-    if (matches(q)) return absl::StrCat("no truncation (this request: truncation ", p.truncation, ")");
+    if (matches(q)) return "no truncation" + now(r.truncation > 0, absl::StrCat("truncation ", p.truncation));
   }
   return "";
 }
@@ -195,10 +212,10 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
     out.loader.resume = c.state;
     out.identity.config_hash = StreamConfigHash(config, p);
     if (c.config_hash != out.identity.config_hash) {
-      const std::string which = DifferingOption(config, p, c.config_hash, dataset.index().total_samples);
+      const std::string which = DifferingOption(config, r, p, c.config_hash, dataset.index().total_samples);
       if (!which.empty()) {
         return absl::InvalidArgumentError(absl::StrCat("cursor was made with ", which,
-                                                       ": resume with the options that produced it"));
+                                                       ": resume with the options and configuration that produced it"));
       }
       return absl::InvalidArgumentError(
           "cursor was made with another configuration (minibatch size, epoch size, randomization, frame mode, "

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +103,9 @@ void Check(const std::string& binary, const std::vector<Case>& cases) {
 class BadInvocation : public ::testing::Test {
  protected:
   void SetUp() override {
+    // One line of error each: gRPC's own log quiet, as the CLI makes it unless asked.
+    ::unsetenv("GRPC_VERBOSITY");
+    ::unsetenv("GRPC_TRACE");
     examples_ = std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml";
     const std::string ctf = std::string(CONVEYOR_SOURCE_DIR) + "/examples/simple.ctf";
     const std::string good_dataset = "    file: " + ctf + "\n    input: {features: {dim: 2, format: dense}}\n";

@@ -178,6 +178,24 @@ TEST(Cli, ResumeRefusesAForeignOrCorruptCursor) {
     EXPECT_EQ(other_config.code, 1) << options;
     EXPECT_NE(other_config.out.find(says), std::string::npos) << options << ": " << other_config.out;
   }
+  // A value only the configuration sets (the window): named as the configuration's.
+  TempDir dir;
+  auto window = [&](int chunks) {
+    return dir.Write("w" + std::to_string(chunks) + ".yaml",
+                     "datasets:\n  s:\n    randomizationWindow: " + std::to_string(chunks) + "\n    deserializers: [{file: " +
+                         std::string(CONVEYOR_SOURCE_DIR) + "/examples/simple.ctf, chunkSizeInBytes: 4096, input: "
+                         "{features: {dim: 2, format: dense}, labels: {dim: 2, format: dense}}}]\n");
+  };
+  CliRun four = Conveyor("dump " + window(4) + " --randomize on --minibatch-size 100");
+  const size_t w4 = four.out.find("\"cursor\":\"");
+  ASSERT_NE(w4, std::string::npos) << four.out;
+  const std::string token4 = four.out.substr(w4 + 10, four.out.find('"', w4 + 10) - w4 - 10);
+  CliRun eight = Conveyor("dump " + window(8) + " --randomize on --minibatch-size 100 --resume " + token4);
+  EXPECT_EQ(eight.code, 1) << eight.out;
+  EXPECT_NE(eight.out.find("cursor was made with randomization window 4 chunks (now 8 chunks, from the dataset's "
+                           "configuration): resume with the options and configuration that produced it"),
+            std::string::npos)
+      << eight.out;
   std::string corrupt = token;
   corrupt[corrupt.size() / 2] = corrupt[corrupt.size() / 2] == 'A' ? 'B' : 'A';
   CliRun bad = Conveyor("dump " + kExamples + " --dataset simple --randomize on --minibatch-size 100 --resume " + corrupt);
@@ -191,6 +209,24 @@ TEST(Cli, BadDataIsFileLineColumn) {
   CliRun r = Conveyor("dump " + c);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("d.ctf:2:5: unexpected ';' in a number for input 'a'"), std::string::npos) << r.out;
+}
+
+// Bad lines in chunks parsed at the same time (maxErrors 0, two threads): whichever parse
+// refuses first, the error the read stops at is "more than maxErrors", never one "exceeded
+// earlier" (that is for a later read of a dataset whose budget an earlier read broke).
+TEST(Cli, BadDataInChunksParsedTogetherIsNotBlamedOnTheOther) {
+  TempDir dir;
+  std::string ctf;
+  for (int i = 0; i < 6000; ++i) ctf += (i == 1700 || i == 1850) ? "|a 1 x\n" : "|a " + std::to_string(i) + " 0.25\n";
+  dir.Write("d.ctf", ctf);  // lines 1700 and 1850 start at bytes 21010 and 22960: the chunks either side of 22000
+  const std::string c = dir.Write("c.yaml", "datasets:\n  d:\n    randomize: false\n    deserializers: [{file: d.ctf, "
+                                            "chunkSizeInBytes: 22000, input: {a: {dim: 2, format: dense}}}]\n");
+  for (int run = 0; run < 4; ++run) {
+    CliRun r = Conveyor("dump " + c + " --threads 2 --minibatch-size 5000");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_NE(r.out.find("(more than maxErrors=0 input errors"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("exceeded earlier"), std::string::npos) << r.out;
+  }
 }
 
 TEST(Cli, BenchJsonEndsWithTheSummaryLine) {

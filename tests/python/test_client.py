@@ -90,7 +90,7 @@ class ClientTest(unittest.TestCase):
             dead.list_datasets()
         self.assertEqual(e.exception.code.name, "UNAVAILABLE")
         self.assertIn("127.0.0.1:1: failed to connect", str(e.exception))
-        self.assertIn("is conveyord running and listening there? (`conveyor health 127.0.0.1:1` asks it)",
+        self.assertIn("is conveyord running and listening there? ('conveyor health 127.0.0.1:1' asks it)",
                       str(e.exception))
         dead.close()
         # A stream that cannot connect says the same once it gives up.

@@ -401,7 +401,8 @@ class TorchTest(unittest.TestCase):
             warnings.simplefilter("always")
             b = next(iter(self.dataset("bad", minibatch_size=3)))
         self.assertEqual(b["features"].tolist(), [[1, 2], [5, 6]])
-        self.assertTrue(any("1 sequence(s) of a batch were dropped as bad input (the dataset's maxErrors" in
+        self.assertTrue(any("1 piece(s) of a batch (whole sequences; frames in frame mode; fragments in truncated "
+                            "BPTT) were dropped as bad input (the dataset's maxErrors" in
                             str(w.message) for w in caught), [str(w.message) for w in caught])
 
     def test_dtypes_are_round_to_nearest_even_from_float32(self):

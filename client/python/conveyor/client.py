@@ -54,25 +54,34 @@ class ConveyorError(RuntimeError):
         self.cursor = cursor
 
 
-def _hint(address, code, details):
+def _hint(address, code, details, tls=False, received=False):
     """What a person can do about the usual failures of a call to `address` ("" when nothing
-    useful can be said), as `conveyor` says it."""
-    details = details or ""
+    useful can be said), as `conveyor` says it. `tls`: the client connects with TLS;
+    `received`: the call had delivered something before it failed."""
+    text = (details or "").lower()  # OpenSSL's "wrong version number", BoringSSL's WRONG_VERSION_NUMBER
+
+    def says(*words):
+        return any(w in text for w in words)
+
     first = address.split(",")[0]
     if code == grpc.StatusCode.UNAVAILABLE:
-        if "wrong version number" in details:
+        if says("wrong version number", "wrong_version_number"):
             return "; the daemon does not serve TLS there: connect without root_certificates"
-        if "certificate verify failed" in details:
+        if says("certificate verify failed", "certificate_verify_failed", "unknown ca"):
             return ("; the daemon's certificate is not signed by root_certificates: give the CA that signed its "
                     "--tls-cert")
-        if "not in peer certificate" in details:
+        if says("not in peer certificate", "no match found for server name"):
             return "; its certificate is for another name: pass that name as server_name"
-        if "Socket closed" in details or "Connection reset" in details:
+        if says("ssl", "handshake"):
+            return "; TLS did not start: check root_certificates and server_name against the daemon's --tls-cert"
+        if says("socket closed", "connection reset"):
+            if received or tls:
+                return "; the connection broke (was the daemon stopped or restarted?)"
             return "; the daemon closed the connection at once: one serving TLS is reached with root_certificates"
-        if "DNS resolution failed" in details:
+        if says("dns resolution failed"):
             return "; the host name does not resolve"
-        if "failed to connect" in details:
-            return f"; is conveyord running and listening there? (`conveyor health {first}` asks it)"
+        if says("failed to connect"):
+            return "; is conveyord running and listening there?" + ("" if tls else f" ('conveyor health {first}' asks it)")
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return ("; pass the daemon's token (Client(..., token=...); a wrong one is refused alike), or connect "
                 "through its unix socket")
@@ -135,7 +144,8 @@ class Batch:
     samples = property(lambda self: self.descriptor.samples)
     end_of_epoch = property(lambda self: self.descriptor.end_of_epoch)
     # Pieces of this batch left out because their sequence was dropped as bad input (the
-    # dataset's maxErrors): so many rows fewer.
+    # dataset's maxErrors): whole sequences, frames in frame mode, fragments in truncated BPTT
+    # (so many rows fewer, or gaps).
     dropped = property(lambda self: self.descriptor.dropped)
 
     @property
@@ -640,7 +650,9 @@ class Subscription:
         limit = self._max_reconnects * len(self._client.addresses)
         if code != grpc.StatusCode.UNAVAILABLE or not self._reconnect or self._reconnects >= limit:
             address = self._client.addresses[self._current]
-            raise ConveyorError(code, f"{details}{_hint(address, code, details)}", self._cursor) from None
+            hint = _hint(address, code, details, tls=self._client._root_certificates is not None,
+                         received=bool(self._cursor))
+            raise ConveyorError(code, f"{details}{hint}", self._cursor) from None
         # Resume from the cursor on the next daemon; back off after trying them all.
         self._reconnects += 1
         self._current = (self._current + 1) % len(self._client.addresses)
@@ -873,7 +885,8 @@ class Client:
             try:
                 return getattr(stubs[self._current], name)(request, timeout=30)
             except grpc.RpcError as e:
-                error = ConveyorError(e.code(), f"{address}: {e.details()}{_hint(address, e.code(), e.details())}")
+                hint = _hint(address, e.code(), e.details(), tls=self._root_certificates is not None)
+                error = ConveyorError(e.code(), f"{address}: {e.details()}{hint}")
                 if e.code() != grpc.StatusCode.UNAVAILABLE:
                     break
                 self._current = (self._current + 1) % len(stubs)

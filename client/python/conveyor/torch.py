@@ -471,7 +471,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                 sub = self._subscription(client, start, stride, offset)
                 stream = iter(sub)
             keep = yield from self._batches(stream, stride, offset, info)
-        except grpc.RpcError as e:  # describe or subscribe: as the stream's own errors are
+        except grpc.RpcError as e:  # (a raw gRPC error: the client raises ConveyorError for its own calls)
             error = ConveyorError(e.code(), e.details())
             if info is not None:
                 error = WorkerError(str(error), e.code())
@@ -566,8 +566,9 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         rows, counts, nstreams = desc.rows, desc.pieces.counts, len(desc.streams)
         if desc.dropped and not self._warned_dropped:
             self._warned_dropped = True
-            warnings.warn(f"conveyor: {desc.dropped} sequence(s) of a batch were dropped as bad input (the dataset's "
-                          f"maxErrors; the daemon's log names them): such batches hold fewer rows",
+            warnings.warn(f"conveyor: {desc.dropped} piece(s) of a batch (whole sequences; frames in frame mode; "
+                          f"fragments in truncated BPTT) were dropped as bad input (the dataset's maxErrors; the "
+                          f"daemon's log names them): such batches hold fewer rows, or gaps",
                           RuntimeWarning, stacklevel=2)
         for i, s in enumerate(desc.streams):
             single = self._single and s.sequence_axis and s.max_length <= 1 and not desc.steps
