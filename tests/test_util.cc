@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -236,6 +237,18 @@ absl::Status RewriteInPlace(const std::string& path, const std::string& bytes, i
     return absl::InternalError(absl::StrCat("utimensat ", path, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+CommandRun RunCommand(const std::string& command) {
+  CommandRun r;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 }  // namespace conveyor::testing

@@ -90,4 +90,11 @@ absl::Status ParseTheLastChunkOfAFileCutShort(const DatasetConfig& config, uint6
 // Errors: the step that failed, naming the path.
 absl::Status RewriteInPlace(const std::string& path, const std::string& bytes, int seconds = 1);
 
+// A shell command's exit status (-1 when it did not exit) and its stdout and stderr together.
+struct CommandRun {
+  int code = -1;
+  std::string out;
+};
+CommandRun RunCommand(const std::string& command);
+
 }  // namespace conveyor::testing

@@ -93,16 +93,13 @@ double MemchrScanSeconds(std::string_view bytes) {
 }
 
 #ifdef CONVEYOR_HAVE_SERVICE
-// From a daemon: the batches a subscription receives, timed.
-int RunBenchRemote(const BenchArgs& args) {
+// From the daemon at gRPC target `target`: the batches a subscription receives, timed.
+int RunBenchRemote(const BenchArgs& args, const std::string& target) {
   auto request = args.stream.ToRequest();
   if (!request.ok()) return FailUsage("bench", request.status());
   auto options = MakeClientOptions(args.connection);
   if (!options.ok()) return Fail(options.status());
-  // A socket's path, relative ones too ("d.sock" from its directory), is that unix socket.
-  struct stat st;
-  const bool socket = ::stat(args.config.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-  auto client = Client::Connect(socket ? "unix:" + args.config : DaemonTarget(args.config), *options);
+  auto client = Client::Connect(target, *options);
   if (!client.ok()) return Fail(client.status());
   v1::Subscribe s = MakeSubscribe(args.dataset, *request);
   s.set_initial_credits(args.credits);
@@ -151,13 +148,14 @@ double CpuSeconds(clockid_t clock) {
 int RunBench(const BenchArgs& args) {
   if (auto request = args.stream.ToRequest(); !request.ok()) return FailUsage("bench", request.status());
 #ifdef CONVEYOR_HAVE_SERVICE
-  // A daemon: an address that is no file here, or a unix socket's path (not a configuration).
+  // A daemon: an address that is no file here, or a unix socket's path, relative ones too
+  // ("d.sock" from its directory), not a configuration.
   struct stat st;
   const bool exists = ::stat(args.config.c_str(), &st) == 0;
-  if ((exists && S_ISSOCK(st.st_mode)) ||
-      (!exists && (args.config.rfind("unix:", 0) == 0 || args.config.find(':') != std::string::npos))) {
+  const bool socket = exists && S_ISSOCK(st.st_mode);
+  if (socket || (!exists && (args.config.rfind("unix:", 0) == 0 || args.config.find(':') != std::string::npos))) {
     if (absl::Status usage = CheckDaemonConnectionArgs(args.connection); !usage.ok()) return FailUsage("bench", usage);
-    return RunBenchRemote(args);
+    return RunBenchRemote(args, socket ? "unix:" + args.config : DaemonTarget(args.config));
   }
   if (args.connection.any()) {
     return FailUsage("bench", absl::InvalidArgumentError(

@@ -2,7 +2,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -14,23 +13,9 @@
 namespace conveyor::testing {
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using CliRun = CommandRun;
 
-CliRun Conveyor(const std::string& args) {
-  const std::string cmd = std::string(CONVEYOR_BINARY) + " " + args + " 2>&1";
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CliRun Conveyor(const std::string& args) { return RunCommand(std::string(CONVEYOR_BINARY) + " " + args); }
 
 const std::string kExamples = std::string(CONVEYOR_SOURCE_DIR) + "/examples/conveyor.yaml";
 

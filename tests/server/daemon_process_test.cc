@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -43,23 +42,12 @@ v1::Subscribe Sub() {
 }
 
 // `conveyor ARGS`: its exit status and its output (stdout, then stderr).
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
+using CliRun = CommandRun;
 CliRun Conveyor(const std::string& args) {
   // The one-line checks assume gRPC's own log is quiet, as the CLI makes it unless asked.
   ::unsetenv("GRPC_VERBOSITY");
   ::unsetenv("GRPC_TRACE");
-  CliRun r;
-  FILE* p = ::popen((std::string(CONVEYOR_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return RunCommand(std::string(CONVEYOR_BINARY) + " " + args);
 }
 
 // Reads `sub` (at most 100000 batches) until a Next() fails; that error.
@@ -533,20 +521,12 @@ TEST(DaemonProcess, SubscribeCommandGivesUpOnAFrozenDaemonAfterItsIdleTimeout) {
   ASSERT_TRUE(d.started());
   d.Signal(SIGSTOP);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string cmd = std::string(CONVEYOR_BINARY) + " subscribe " + d.address() +
-                          " --dataset sparse --no-reconnect --idle-timeout 1.5 --keepalive 3600 2>&1";
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = ::pclose(p);
+  const CliRun r = Conveyor("subscribe " + d.address() + " --dataset sparse --no-reconnect --idle-timeout 1.5 --keepalive 3600");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   d.Signal(SIGCONT);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
-  EXPECT_NE(out.find("for 1500 ms (the idle deadline)"), std::string::npos) << out;
-  EXPECT_LT(seconds, 6.0) << out;
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("for 1500 ms (the idle deadline)"), std::string::npos) << r.out;
+  EXPECT_LT(seconds, 6.0) << r.out;
 }
 
 // Two replicas: the one serving the stream is frozen mid-epoch; within seconds the

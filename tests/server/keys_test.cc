@@ -25,15 +25,7 @@ class NonUtf8Keys : public ::testing::Test {
         input: {features: {dim: 2}}
 )");
   }
-  std::string Run(const std::string& args) {
-    std::string out;
-    FILE* p = ::popen((std::string(CONVEYOR_BINARY) + " " + args + " 2>&1").c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    if (p != nullptr) ::pclose(p);
-    return out;
-  }
+  std::string Run(const std::string& args) { return RunCommand(std::string(CONVEYOR_BINARY) + " " + args).out; }
   TempDir dir_;
   std::string config_;
 };
