@@ -157,6 +157,16 @@ int RunBench(const BenchArgs& args) {
     if (absl::Status usage = CheckDaemonConnectionArgs(args.connection); !usage.ok()) return FailUsage("bench", usage);
     return RunBenchRemote(args, socket ? "unix:" + args.config : DaemonTarget(args.config));
   }
+  const auto ends_with = [&](std::string_view tail) {
+    return args.config.size() >= tail.size() && args.config.compare(args.config.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (!exists && (ends_with(".sock") || ends_with(".socket"))) {
+    // Named as a socket, but no file there: a daemon that is not running (or listens
+    // elsewhere), not a configuration to look for.
+    return Fail(absl::NotFoundError(absl::StrCat(
+        args.config, ": no such socket: a daemon's socket exists while conveyord listens on it; is it running, with "
+        "--listen unix:", args.config, "? (conveyor health unix:", args.config, " asks it)")));
+  }
   if (args.connection.any()) {
     return FailUsage("bench", absl::InvalidArgumentError(
                                   "--tls-ca, --tls-server-name and --token-file apply to a daemon's address, not to a "

@@ -237,6 +237,8 @@ TEST_F(BadInvocation, ConveyorEndsWithOneLineAndStatusOneOrTwo) {
       {{"datasets", "127.0.0.1:1"}, 1, "127.0.0.1:1: failed to connect"},
       {{"datasets", "unix:" + not_a_socket_}, 1, "is conveyord running and listening there?"},
       {{"bench", "127.0.0.1:1", "--dataset", "simple", "--token-file", "/nonexistent"}, 1, "/nonexistent"},
+      // A socket's path with no socket there: a daemon not running, not a missing configuration.
+      {{"bench", dir_.path() + "/gone.sock", "--dataset", "simple"}, 1, "gone.sock: no such socket: a daemon's socket exists while conveyord listens on it"},
       {{"bench", examples_, "--dataset", "simple", "--token-file", "/nonexistent"}, 2, "apply to a daemon's address"},
       {{"health", "127.0.0.1:1,127.0.0.1:2"}, 2, "one daemon address, not a list"},
       {{"datasets", "127.0.0.1:1", "--tls-server-name", "x"}, 2, "--tls-server-name applies to TLS: give --tls-ca too"},
