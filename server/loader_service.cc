@@ -174,7 +174,9 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* LoaderService::Stre
     r->Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "conveyord is shutting down"));
   } else if (streams_.size() > options_.max_subscriptions) {
     r->Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                           absl::StrCat("more than ", options_.max_subscriptions, " subscriptions")));
+                           absl::StrCat("more than ", options_.max_subscriptions,
+                                        " subscriptions at once (each DataLoader worker and each rank holds one): the "
+                                        "daemon's limit, raised with --max-subscriptions or server.maxSubscriptions")));
   }
   return r;
 }

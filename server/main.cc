@@ -93,7 +93,7 @@ void AddFlags(CLI::App& app, Flags* f) {
   app.add_option("--unix-mode", f->unix_mode,
                  "Permissions of the unix socket, in octal: 0600 (default: this user) or 0660 (and its group; "
                  "the config's server.unixSocketMode)");
-  app.add_flag("--no-unix", f->no_unix, "Do not listen on a unix socket");
+  app.add_flag("--no-unix", f->no_unix, "Do not listen on a unix socket")->excludes("--unix")->excludes("--unix-mode");
   app.add_option("--port-file", f->port_file, "Write the TCP port chosen to this file once listening");
   app.add_option("--parser-threads", f->parser_threads,
                  "Parser threads shared by all subscriptions: bounds the daemon's parsing CPU (default: the "

@@ -199,7 +199,8 @@ absl::StatusOr<ResolvedStream> ResolveStream(const Dataset& dataset, const Strea
           "cursor was made for another dataset (or another version of ", dataset.path(), ")"));
     }
     if (r.seed && *r.seed != c.seed) {
-      return absl::InvalidArgumentError(absl::StrCat("cursor was made with seed ", c.seed, ", not ", *r.seed));
+      return absl::InvalidArgumentError(absl::StrCat("cursor was made with seed ", c.seed, ", not ", *r.seed,
+                                                     ": resume with the seed that produced it (or none: the cursor's)"));
     }
     rz.seed = c.seed;
     if (!r.world) {

@@ -290,6 +290,7 @@ TEST_F(BadInvocation, ConveyordEndsWithOneLineAndStatusOneOrTwo) {
       {with({examples_, "--tls-cert", "/nonexistent.pem"}), 1, "TLS needs both"},
       {with({examples_, "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"}), 1, "/nonexistent.pem"},
       {with({examples_, "--unix", not_a_socket_}), 1, "is not a socket"},
+      {with({examples_, "--no-unix", "--unix", sock}), 2, "--unix excludes --no-unix"},  // not one ignored
       {with({examples_, "--unix", "/nonexistent-dir/d.sock"}), 1, "/nonexistent-dir/d.sock"},
       {with({examples_, "--metrics", "nonsense"}), 1, "metrics"},
   };

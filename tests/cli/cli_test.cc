@@ -156,6 +156,7 @@ TEST(Cli, ResumeRefusesAForeignOrCorruptCursor) {
             "cursor was made with minibatch mode partial (this request: full)"},
            {"--randomize on --minibatch-size 100 --epoch-size 700",
             "cursor was made with epoch size one sweep (no epoch size) (this request: 700 samples)"},
+           {"--randomize on --minibatch-size 100 --seed 99", "not 99: resume with the seed that produced it"},
            // Two options changed: no single one explains it.
            {"--randomize off --minibatch-size 99", "cursor was made with another configuration (minibatch size,"},
        }) {

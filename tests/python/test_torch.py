@@ -110,6 +110,19 @@ class TorchTest(unittest.TestCase):
       features: {{dim: 2, format: dense}}
       labels: {{dim: 2, format: dense}}
 """
+        # Sparse samples listing indices out of order and one twice (valid CTF: kept in file
+        # order by the daemon, summed in the dense layout).
+        unsorted = os.path.join(cls.tmp.name, "unsorted.ctf")
+        with open(unsorted, "w") as f:
+            f.write("|s 4:1 0:2 |y 1\n|s 1:1 5:0.25 1:2 3:0.5 |y 2\n|s 2:7 |y 3\n|s 3:1 2:2 1:3 0:4 |y 4\n")
+        extra += f"""
+  unsorted:
+    randomize: false
+    file: {unsorted}
+    input:
+      s: {{dim: 6, format: sparse}}
+      y: {{dim: 1, format: dense}}
+"""
         with open(cls.config, "w") as f:
             f.write(CONFIG + extra)
         port_file = os.path.join(cls.tmp.name, "port")
@@ -230,6 +243,38 @@ class TorchTest(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "persistent_workers=False"):
                 next(iter(loader))
 
+    def test_fork_safety_is_judged_by_what_grpc_read_at_its_import(self):
+        # conveyor sets gRPC's fork support on before grpc is imported; imported after grpc,
+        # it is too late, and FORK_SAFE_GRPC (which chooses the DataLoader warning) says so.
+        base = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+        base["PYTHONPATH"] = os.path.join(BUILD, "python")
+        on = dict(base, GRPC_ENABLE_FORK_SUPPORT="true", GRPC_POLL_STRATEGY="poll")
+        for first, env, safe in (("", base, "True"), ("import grpc; ", base, "False"), ("import grpc; ", on, "True")):
+            out = subprocess.run([sys.executable, "-c", first + "import conveyor; print(conveyor.FORK_SAFE_GRPC)"],
+                                 env=env, check=True, capture_output=True, text=True).stdout
+            self.assertEqual(out.strip(), safe, (first, env is on))
+
+    def test_arguments_it_cannot_use_are_refused_when_it_is_made(self):
+        # Not at the first batch, in every DataLoader worker, as the subscription's TypeError.
+        cases = ((dict(sed=3), TypeError, "unexpected keyword argument 'sed' \\(did you mean 'seed'\\?\\)"),
+                 (dict(batch_size=64), TypeError, "a batch's size here is minibatch_size"),
+                 (dict(num_workers=2), TypeError, "DataLoader\\(dataset, batch_size=None, num_workers=2\\)"),
+                 (dict(resume="x"), TypeError, "load_state_dict"),
+                 (dict(randomize="off"), ValueError, "randomize must be True or False"),
+                 (dict(minibatch_size=-5), ValueError, "minibatch_size must be a whole number of samples"),
+                 (dict(seed=-1), ValueError, "seed must be a whole number, 0 or more"))
+        for kwargs, error, message in cases:
+            with self.assertRaisesRegex(error, message):
+                self.dataset(**kwargs)
+        self.dataset(seed=3, randomize=True, token="t")  # what it takes
+        with self.assertWarnsRegex(RuntimeWarning, "minibatch_size 2 is below the world size 4: .* only empty batches"):
+            self.dataset(minibatch_size=2, rank=0, world=4)
+
+    def test_a_socket_path_is_an_address(self):
+        # As the CLI takes it: a path is the daemon's unix socket (gRPC would resolve it as a host).
+        batch = next(iter(ConveyorDataset(self.sock, "simple", minibatch_size=100, seed=5)))
+        self.assertEqual(len(keys_of(batch)), 100)
+
     def test_rank_and_world_come_from_the_environment(self):
         env = dict(os.environ, RANK="1", WORLD_SIZE="2", PYTHONPATH=os.path.join(BUILD, "python"))
         code = ("from conveyor.torch import ConveyorDataset as D; "
@@ -341,6 +386,26 @@ class TorchTest(unittest.TestCase):
         else:
             self.assertGreaterEqual(locked_kb() - base, 20 * 100 * 5000 * 4 // 1024)  # every batch's pages locked
         del batches
+
+    def test_sparse_indices_out_of_order_or_repeated_become_valid_torch_tensors(self):
+        # torch's CSC and CSR tensors need each column's (row's) indices ascending and
+        # distinct; CTF lets a sample list them in any order, and name one twice.
+        expected = torch.tensor([[2, 0, 0, 4], [0, 3, 0, 3], [0, 0, 7, 2], [0, 0.5, 0, 1], [1, 0, 0, 0],
+                                 [0, 0.25, 0, 0]], dtype=torch.float32)
+        dense = next(iter(self.dataset("unsorted", minibatch_size=4, sparse_layout="dense")))["s"]
+        self.assertTrue(torch.equal(dense, expected.t()))  # [rows, dim]
+        for layout in ("csc", "csr"):
+            for workers in (0, 2):
+                loader = torch.utils.data.DataLoader(self.dataset("unsorted", minibatch_size=4, sparse_layout=layout),
+                                                     batch_size=None, num_workers=workers)
+                (batch,) = list(loader)
+                t = batch["s"]
+                self.assertEqual(t.layout, torch.sparse_csc if layout == "csc" else torch.sparse_csr)
+                self.assertTrue(torch.equal(t.to_dense(), expected), (layout, workers))
+                ptr, idx = (t.ccol_indices(), t.row_indices()) if layout == "csc" else (t.crow_indices(), t.col_indices())
+                for k in range(ptr.numel() - 1):
+                    seg = idx[ptr[k]:ptr[k + 1]]
+                    self.assertTrue(bool((seg[1:] > seg[:-1]).all()), (layout, k, seg))
 
     def test_device_batches_need_a_gpu(self):
         if not torch.cuda.is_available():

@@ -487,9 +487,11 @@ TEST(Service, CallsThatNeverSubscribeEndAfterTheSubscribeTimeout) {
     silent.push_back(std::move(c));
   }
   ASSERT_TRUE(WaitFor(5, [&] { return d.service().active_streams() == 4; }));
-  // Every slot held: a fifth call is refused at once.
-  EXPECT_EQ(RawStream(d.tcp(), {SubscribeRequest(Sub("simple", 4))}).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Every slot held: a fifth call is refused at once, saying which limit and how to raise it.
+  const grpc::Status fifth = RawStream(d.tcp(), {SubscribeRequest(Sub("simple", 4))});
+  EXPECT_EQ(fifth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(fifth.error_message().find("more than 4 subscriptions at once"), std::string::npos) << fifth.error_message();
+  EXPECT_NE(fifth.error_message().find("--max-subscriptions"), std::string::npos) << fifth.error_message();
   for (auto& c : silent) {
     v1::StreamResponse ignored;
     EXPECT_FALSE(c->stream->Read(&ignored));

@@ -782,7 +782,8 @@ class _Stub:
 
 
 class Client:
-    """A connection to conveyord: "host:port", "unix:/path", "dns:///name:port", or several
+    """A connection to conveyord: "host:port", "unix:/path" (or the socket's path: "/path",
+    "./d.sock"), "dns:///name:port", or several
     replicas serving the same datasets (a list, or addresses separated by commas): calls go
     to the first that answers, and a subscription whose daemon fails resumes from its cursor
     on the next.
@@ -797,7 +798,9 @@ class Client:
                  max_batch_bytes=MAX_BATCH_BYTES, max_segment_bytes=MAX_SEGMENT_BYTES,
                  keepalive_time=3.0, keepalive_timeout=3.0):
         addresses = address if isinstance(address, (list, tuple)) else address.split(",")
-        self.addresses = [a.strip() for a in addresses if a.strip()]
+        # A socket's path, as the CLI takes it: "/run/conveyor.sock", "./d.sock".
+        self.addresses = ["unix:" + a if a.startswith(("/", "./", "../")) else a
+                          for a in (a.strip() for a in addresses) if a]
         if not self.addresses:
             raise ValueError("no daemon address given")
         for a in self.addresses:

@@ -43,7 +43,10 @@ Use `batch_size=None` in the DataLoader: minibatches come made.
 
 import atexit
 import ctypes
+import difflib
+import inspect
 import mmap
+import numbers
 import os
 import sys
 import uuid
@@ -255,11 +258,18 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"distribution must be balanced or chunks, not {distribution!r}")
         if epochs is not None and epochs < 1:
             raise ValueError("epochs must be at least 1 (or None: no limit)")
+        _check_subscribe_args(minibatch_size, subscribe_args)
         self.address = address
         self.dataset = dataset
         self.minibatch_size = minibatch_size
         self.epochs = epochs
         self.rank, self.world = distributed_rank_and_world(rank, world)
+        if self.world > minibatch_size:
+            # Each global minibatch has at most minibatch_size units: ranks beyond them get
+            # only empty batches (a loss of NaN on an empty batch poisons DDP's gradients).
+            warnings.warn(f"conveyor: minibatch_size {minibatch_size} is below the world size {self.world}: every global "
+                          f"minibatch has at most {minibatch_size} sequences, so some ranks get only empty batches; "
+                          "minibatch_size is the global minibatch (all ranks together), not a rank's", RuntimeWarning)
         self.distribution = distribution
         self.transport = transport
         self.pin_memory = bool(pin_memory)
@@ -634,6 +644,42 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         return moved
 
 
+# Subscription options ConveyorDataset sets itself (its arguments, its state, its workers).
+_DATASET_MANAGED = ("dataset", "minibatch_size", "epochs", "rank", "world", "transport", "distribution", "dtypes",
+                    "resume", "first_epoch", "batch_stride", "batch_offset")
+_DATALOADER_ARGS = ("batch_size", "num_workers", "shuffle", "pin_memory_device", "prefetch_factor",
+                    "persistent_workers", "collate_fn", "sampler", "drop_last")
+
+
+def _check_subscribe_args(minibatch_size, args):
+    """At construction, not at the first batch (in every DataLoader worker): what would fail there."""
+    if isinstance(minibatch_size, bool) or not isinstance(minibatch_size, numbers.Integral) or minibatch_size < 1:
+        raise ValueError(f"minibatch_size must be a whole number of samples, at least 1, not {minibatch_size!r}")
+    accepted = set(inspect.signature(Client.subscribe).parameters) - {"self"} | set(_CONNECTION_ARGS)
+    for name, value in args.items():
+        if name == "batch_size":
+            raise TypeError(f"ConveyorDataset got batch_size={value!r}: a batch's size here is minibatch_size (samples, "
+                            "all ranks together); give the DataLoader batch_size=None")
+        if name in _DATALOADER_ARGS:
+            raise TypeError(f"ConveyorDataset got {name}={value!r}: that is an argument of torch's DataLoader: "
+                            f"DataLoader(dataset, batch_size=None, {name}={value!r})")
+        if name in _DATASET_MANAGED:
+            raise TypeError(f"ConveyorDataset got {name}={value!r}: it sets {name} itself "
+                            "(resume with load_state_dict(), choose the epoch with set_epoch())")
+        if name not in accepted:
+            close = difflib.get_close_matches(name, sorted(accepted - set(_DATASET_MANAGED)), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"ConveyorDataset got an unexpected keyword argument {name!r}{hint}")
+    for name in ("seed", "epoch_size", "truncation", "parallel", "credits"):
+        v = args.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0):
+            raise ValueError(f"{name} must be a whole number, 0 or more, not {v!r}")
+    for name in ("randomize", "frame_mode"):
+        v = args.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise ValueError(f"{name} must be True or False (or None: the dataset's setting), not {v!r}")
+
+
 def _tensor(a):
     """numpy views become tensors sharing their memory; device batches are tensors already."""
     if a is None or isinstance(a, torch.Tensor):
@@ -651,15 +697,50 @@ def _dense_tensor(batch, s):
 
 
 def _sparse(batch, name):
-    """A sparse stream as the daemon delivered it (it converts to the layout asked for)."""
+    """A sparse stream as the daemon delivered it (it converts to the layout asked for), its
+    indices sorted and repeated ones summed within each column (row), as torch requires."""
     layout = batch.layout(name)
     if layout == "csr":
         rowptr, colind, values, (dim, columns) = batch.csr(name)
-        return torch.sparse_csr_tensor(_tensor(rowptr).long(), _tensor(colind).long(), _values(values),
-                                       size=(dim, columns))
+        parts = _canonical(_tensor(rowptr).long(), _tensor(colind).long(), _values(values))
+        return torch.sparse_csr_tensor(*parts, size=(dim, columns))
     colptr, rowind, values, (dim, columns) = batch.csc(name)
-    return torch.sparse_csc_tensor(_tensor(colptr).long(), _tensor(rowind).long(), _values(values),
-                                   size=(dim, columns))
+    parts = _canonical(_tensor(colptr).long(), _tensor(rowind).long(), _values(values))
+    return torch.sparse_csc_tensor(*parts, size=(dim, columns))
+
+
+def _canonical(ptr, idx, values):
+    """Compressed sparse parts with each segment's (column's, or row's) indices ascending and
+    distinct, as torch's sparse CSC and CSR tensors must have them. The daemon keeps a
+    sample's entries in file order (docs/design.md, section 5), and a CTF sample may list
+    them in any order and name an index twice: such a segment is sorted (stably) and
+    repeated indices summed in file order, the values the dense layout gives. Parts already
+    so, the common case, come back as they are after one pass."""
+    n = idx.numel()
+    if n < 2:
+        return ptr, idx, values
+    rising = idx[1:] > idx[:-1]
+    starts = ptr[1:-1]
+    rising[starts[(starts > 0) & (starts < n)] - 1] = True  # a segment may start lower
+    if bool(rising.all()):
+        return ptr, idx, values
+    segments = ptr.numel() - 1
+    dev = idx.device  # (a device batch's parts are on its device)
+    seg = torch.repeat_interleave(torch.arange(segments, device=dev), ptr[1:] - ptr[:-1])
+    key = seg * (int(idx.max()) + 1) + idx
+    key, order = torch.sort(key, stable=True)
+    idx, seg, values = idx[order], seg[order], values[order]
+    first = torch.ones(n, dtype=torch.bool, device=dev)
+    first[1:] = key[1:] != key[:-1]
+    if not bool(first.all()):
+        group = torch.cumsum(first.long(), 0) - 1  # each entry's place among the distinct ones
+        summed = torch.zeros(int(group[-1]) + 1, dtype=values.dtype, device=dev)
+        summed.index_add_(0, group, values)  # in order: file order within each index
+        idx, seg, values = idx[first], seg[first], summed
+    counts = torch.bincount(seg, minlength=segments)
+    ptr = torch.zeros(segments + 1, dtype=torch.long, device=dev)
+    ptr[1:] = torch.cumsum(counts, 0)
+    return ptr, idx, values
 
 
 class WorkerError(ConveyorError):
