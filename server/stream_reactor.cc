@@ -151,6 +151,7 @@ void StreamReactor::Pump() {
     // The batch's buffer and budget are held until the write is done; its pages, until
     // gRPC lets go of the slice that sends them.
     current_payload_ = std::move(o.payload);
+    current_ends_batch_ = o.ends_batch;
     writing_ = true;
     StartWrite(&current_);
     return;
@@ -171,6 +172,11 @@ void StreamReactor::OnWriteDone(bool ok) {
   writing_ = false;
   current_.Clear();
   current_payload_.reset();  // after a batch's last part, its budget is given back
+  if (ok && current_ends_batch_) {
+    --unsent_;
+    cv_.notify_all();
+  }
+  current_ends_batch_ = false;
   if (!ok) {  // the client went away
     StopLocked();
     queue_.clear();
@@ -271,6 +277,7 @@ void StreamReactor::Run() {
       loader_ = std::move(setup->loader);
       transport_ = std::move(setup->transport);
       credits_ = setup->credits;
+      max_unsent_ = std::max<uint32_t>(1, setup->credits);
       if (stop_) loader_->Cancel();
       run = true;
     }
@@ -331,9 +338,12 @@ void StreamReactor::Produce() {
     bool may_begin = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (begun.empty() && !ended && failed.ok()) cv_.wait(lock, [&] { return stop_ || credits_ > 0; });
+      if (begun.empty() && !ended && failed.ok()) {
+        cv_.wait(lock, [&] { return stop_ || (credits_ > 0 && unsent_ < max_unsent_); });
+      }
       if (stop_ && !draining_) break;  // cancelled: nothing more is sent
-      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && begun.size() < depth;
+      may_begin = !stop_ && !ended && failed.ok() && credits_ > begun.size() && unsent_ + begun.size() < max_unsent_ &&
+                  begun.size() < depth;
     }
     if (may_begin) {
       // The batch is assembled straight into where it travels from, as its transport says.
@@ -417,6 +427,10 @@ bool StreamReactor::Publish(const Batch& batch, std::unique_ptr<Transport::Desti
     m->ChunkParses(dataset_->config().name, dataset_->parses());
   }
   last_cursor_ = cursor;
+  if (!out.empty()) {
+    out.back().ends_batch = true;
+    ++unsent_;
+  }
   for (auto& o : out) queue_.push_back(std::move(o));
   Pump();
   return true;

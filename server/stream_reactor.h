@@ -94,6 +94,13 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool end_queued_ = false;     // the end-of-stream message is queued (or sent)
   bool client_closed_ = false;  // the client closed its side (after reading the end)
   uint32_t credits_ = 0;
+  // Batches published whose messages are not all written yet, and at most how many may be:
+  // an ack gives a credit back, but a client that acks batches it has not read (they wait
+  // behind HTTP/2 flow control) must not make the daemon queue more and more of them; the
+  // producer waits for both.
+  uint32_t unsent_ = 0;
+  uint32_t max_unsent_ = 1;
+  bool current_ends_batch_ = false;  // the write in flight is a batch's last message
   std::set<uint64_t> outstanding_;
   uint64_t next_serial_ = 0;
   std::string last_cursor_;

@@ -38,6 +38,8 @@ struct OutgoingMessage {
   // nothing else, in particular no budget the daemon may have destroyed by then. Null: the
   // slice holds `payload`.
   std::shared_ptr<const void> memory;
+  // The last message of a batch (set by the reactor): once it is written, the batch is sent.
+  bool ends_batch = false;
   // The message as it goes on the wire: exactly the bytes of `message` with the referenced
   // part as its payload's data (a batch's or a `more` part's), as protobuf serializes them,
   // with the part itself a gRPC slice over the batch's buffer (no copy). Consumes

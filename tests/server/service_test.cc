@@ -247,6 +247,55 @@ TEST(Service, AStalledSubscriberDoesNotHoldUpOthers) {
   EXPECT_EQ(d.service().active_streams(), 1u);  // the stalled one, still open and bounded
 }
 
+// A client that acks batches it has not read (they wait behind HTTP/2 flow control) gets
+// its credits back, but the daemon publishes no more batches while its credits' worth are
+// still unsent: what it queues for one subscription stays bounded (an earlier daemon queued
+// another batch at every such ack: gigabytes, past subscriptionBytes). Here the acks of the
+// four batches published come back at once; the fifth batch is never published, so an ack
+// for it is refused as not outstanding.
+TEST(Service, AcksForBatchesNotYetSentDoNotQueueMore) {
+  TempDir dir;
+  std::string row = "|x";
+  for (int i = 0; i < 1000; ++i) row += " 1";
+  row += "\n";
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += row;
+  const std::string file = dir.Write("big.ctf", text);  // batches of 1000 rows: 4 MB each
+  const std::string config = dir.Write(
+      "big.yaml", "datasets:\n  big:\n    randomize: false\n    deserializers:\n      - type: CNTKTextFormat\n"
+                  "        file: " + file + "\n        input:\n          x: {dim: 1000, format: dense}\n");
+  Daemon d({}, config);
+  // A receive window that stays small (no BDP probing): what the client does not read stays
+  // at the daemon.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 65536);
+  auto stub = v1::Loader::NewStub(grpc::CreateCustomChannel(d.tcp(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->Stream(&ctx);
+  v1::Subscribe s = Sub("big", 1000, /*randomize=*/false);
+  s.set_initial_credits(4);
+  s.set_epochs(100);
+  ASSERT_TRUE(stream->Write(SubscribeRequest(s)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // batches 0-3 published, unread
+  auto ack = [&](uint64_t serial) {
+    v1::StreamRequest r;
+    r.mutable_ack()->set_serial(serial);
+    return stream->Write(r);
+  };
+  for (uint64_t k = 0; k < 4; ++k) ASSERT_TRUE(ack(k));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // time to publish batch 4, were it allowed
+  ack(4);
+  v1::StreamResponse resp;
+  while (stream->Read(&resp)) {
+  }
+  const grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("ack for batch 4, which is not outstanding"), std::string::npos)
+      << st.error_message();
+}
+
 // A sparse stream's columns as sorted (index, value) lists: the form every layout must
 // agree on. From CSC, CSR or dense (nonzeros) views, each computed independently here.
 using Columns = std::vector<std::vector<std::pair<int32_t, float>>>;
