@@ -42,6 +42,7 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "cuda/cuda_backend.h"
+#include "server/health_service.h"
 #include "server/listen_checks.h"
 #include "server/loader_service.h"
 #include "server/memory_budget.h"
@@ -307,6 +308,12 @@ bool StartMetrics(const std::string& address, conveyor::Metrics* metrics) {
   return true;
 }
 
+// The health service (grpc.health.v1): made once, never destroyed (it outlives the server).
+conveyor::HealthService& Health() {
+  static auto* health = new conveyor::HealthService();
+  return *health;
+}
+
 // Builds and starts the gRPC server for `service` on TCP (the port chosen in *port) and the
 // unix socket. Null (or *port 0) when it cannot listen.
 std::unique_ptr<grpc::Server> StartGrpcServer(const Prepared& p, const conveyor::ServiceOptions& options,
@@ -317,7 +324,6 @@ std::unique_ptr<grpc::Server> StartGrpcServer(const Prepared& p, const conveyor:
     ssl.pem_key_cert_pairs.push_back({p.tls_key_pem, p.tls_cert_pem});
     tcp_creds = grpc::SslServerCredentials(ssl);
   }
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Reflection cannot check the token: it answers only where every call is allowed. (Linking
@@ -331,6 +337,7 @@ std::unique_ptr<grpc::Server> StartGrpcServer(const Prepared& p, const conveyor:
   conveyor::ConfigureServerBuilder(&builder, options);
   builder.SetMaxReceiveMessageSize(64 << 10);  // requests are small; nothing larger is read
   builder.RegisterService(service);
+  builder.RegisterService(&Health());  // ours, not gRPC's: its Watch calls are bounded
   // The socket has its mode from the moment it exists: no window in which others connect.
   const mode_t old_umask = ::umask(0777 & ~static_cast<mode_t>(p.unix_mode));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -425,7 +432,7 @@ void ServeUntilSignalled(const Prepared& p, const sigset_t& signals, grpc::Serve
     }
   }
   // Health checks answer NOT_SERVING from now on, so load balancers stop sending new trainers.
-  if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
+  Health().SetServing(false);
   *accept_failed = g_accept_failed.load();
   if (*accept_failed) {
     struct rlimit limit;
