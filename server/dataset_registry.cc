@@ -1,5 +1,6 @@
 #include "server/dataset_registry.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -30,7 +31,10 @@ std::vector<std::string> DatasetRegistry::Names() const {
 absl::StatusOr<std::shared_ptr<const Dataset>> DatasetRegistry::Find(const std::string& name) const {
   auto it = datasets_.find(name);
   if (it == datasets_.end()) {
-    return absl::NotFoundError(absl::StrCat("no dataset '", name.substr(0, 64), "' (served: ", absl::StrJoin(Names(), ", "), ")"));
+    // The name as the client sent it, escaped: control bytes (a terminal's escape sequences)
+    // must not reach the terminal that prints the error.
+    return absl::NotFoundError(absl::StrCat("no dataset '", absl::CHexEscape(name.substr(0, 64)), "' (served: ",
+                                            absl::StrJoin(Names(), ", "), ")"));
   }
   return it->second;
 }

@@ -84,6 +84,10 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code.name, "NOT_FOUND")
         self.assertEqual(str(e.exception),
                          f"NOT_FOUND: {self.address}: no dataset 'nope' (served: sequences, simple, sparse)")
+        # A name with control bytes comes back escaped (it may be printed on a terminal).
+        with self.assertRaises(conveyor.ConveyorError) as e:
+            self.client.describe("\x1b[31mred\n")
+        self.assertIn("no dataset '\\x1b[31mred\\n'", str(e.exception))
         # Nothing listening: UNAVAILABLE from each replica in turn, then the last one's error.
         dead = conveyor.Client("127.0.0.1:1")
         with self.assertRaises(conveyor.ConveyorError) as e:
