@@ -25,6 +25,12 @@ struct ServiceOptions {
   // DEADLINE_EXCEEDED: calls that never subscribe would otherwise hold the subscription
   // slots (max_subscriptions) for as long as their peer keeps the connection.
   int subscribe_timeout_ms = 10000;
+  // A stream that has sent its end waits for the client to close its side (a shared-memory
+  // client may still fetch a batch's segment), and holds its slot meanwhile: at most this
+  // long once every batch is acknowledged, or end_idle_ms after the end or the last
+  // acknowledgement while some are not; then it finishes OK.
+  int end_grace_ms = 30000;
+  int end_idle_ms = 600000;
   FdServer* fd_server = nullptr;  // enables TRANSPORT_SHARED_MEMORY; not owned
   uint64_t min_slot_bytes = 1u << 20;  // shared memory: smallest slot
   double slot_headroom = 2.0;          // shared memory: a new segment's slots fit this x the batch

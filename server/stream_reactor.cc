@@ -68,6 +68,20 @@ bool StreamReactor::ExpireUnsubscribed(std::chrono::steady_clock::time_point dea
   return true;
 }
 
+bool StreamReactor::ExpireEnded(std::chrono::steady_clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finish_called_ || writing_ || !queue_.empty() || !end_queued_ || client_closed_ ||
+      ended_at_ == std::chrono::steady_clock::time_point{}) {
+    return false;
+  }
+  const ServiceOptions& o = service_->options_;
+  const std::chrono::milliseconds wait(std::max(1, outstanding_.empty() ? o.end_grace_ms : o.end_idle_ms));
+  if (now - std::max(ended_at_, last_ack_at_) < wait) return false;
+  finish_called_ = true;
+  Finish(final_status_);
+  return true;
+}
+
 void StreamReactor::FinishLocked(const grpc::Status& status) {
   if (finish_called_) return;
   final_status_ = status;
@@ -130,6 +144,7 @@ void StreamReactor::OnReadDone(bool ok) {
       return;
     }
     ++credits_;
+    last_ack_at_ = std::chrono::steady_clock::now();
     if (service_->options_.metrics) service_->options_.metrics->InFlight(-1);
     if (transport_) transport_->Release(serial);
     cv_.notify_all();
@@ -161,7 +176,10 @@ void StreamReactor::Pump() {
     // batches lie in) lasts until the client closes its side, as the clients do once they
     // have read the end: a client still fetching a segment's descriptor must find it there.
     // A cancel or a drain ends it at once.
-    if (end_queued_ && final_status_.ok() && !client_closed_ && !draining_) return;
+    if (end_queued_ && final_status_.ok() && !client_closed_ && !draining_) {
+      if (ended_at_ == std::chrono::steady_clock::time_point{}) ended_at_ = std::chrono::steady_clock::now();
+      return;
+    }
     finish_called_ = true;
     Finish(final_status_);
   }

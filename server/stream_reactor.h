@@ -53,6 +53,10 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   // message is late); true if it did.
   bool ExpireUnsubscribed(std::chrono::steady_clock::time_point deadline_for_start,
                           std::chrono::milliseconds timeout);
+  // Finishes a stream whose end was sent and whose client has not closed its side within
+  // the service's end_grace_ms (every batch acknowledged) or end_idle_ms (some not), counted
+  // from the end or the last acknowledgement; true if it did.
+  bool ExpireEnded(std::chrono::steady_clock::time_point now);
 
  private:
   // The producer thread: setup, then Produce(), then its share of the teardown.
@@ -93,6 +97,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool draining_ = false;
   bool end_queued_ = false;     // the end-of-stream message is queued (or sent)
   bool client_closed_ = false;  // the client closed its side (after reading the end)
+  // When everything up to the end was written, and the last acknowledgement (ExpireEnded).
+  std::chrono::steady_clock::time_point ended_at_{}, last_ack_at_{};
   uint32_t credits_ = 0;
   // Batches published whose messages are not all written yet, and at most how many may be:
   // an ack gives a credit back, but a client that acks batches it has not read (they wait

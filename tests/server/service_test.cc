@@ -296,6 +296,49 @@ TEST(Service, AcksForBatchesNotYetSentDoNotQueueMore) {
       << st.error_message();
 }
 
+// A stream that has sent its end holds its subscription slot until the client closes its
+// side; a client that never does (it read the end and sat idle) no longer holds it for good:
+// the call finishes OK once every batch is acknowledged and end_grace_ms passed, or
+// end_idle_ms after the last acknowledgement while some are not.
+TEST(Service, AnEndedStreamWhoseClientNeverClosesFinishesAfterAGrace) {
+  ServiceOptions o;
+  o.end_grace_ms = 300;
+  o.end_idle_ms = 2500;
+  Daemon d(o);
+  auto stub = v1::Loader::NewStub(grpc::CreateChannel(d.tcp(), grpc::InsecureChannelCredentials()));
+  for (const bool ack_all : {true, false}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = stub->Stream(&ctx);
+    v1::Subscribe s = Sub("simple", 250, /*randomize=*/false);
+    s.set_initial_credits(64);
+    ASSERT_TRUE(stream->Write(SubscribeRequest(s)));
+    v1::StreamResponse resp;
+    bool ended = false;
+    while (!ended && stream->Read(&resp)) {
+      ended = resp.has_end();
+      if (resp.has_batch() && (ack_all || resp.batch().serial() > 0)) {  // batch 0 left unacknowledged
+        v1::StreamRequest r;
+        r.mutable_ack()->set_serial(resp.batch().serial());
+        ASSERT_TRUE(stream->Write(r));
+      }
+    }
+    ASSERT_TRUE(ended);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(stream->Read(&resp));  // no WritesDone: the daemon ends the call
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const grpc::Status st = stream->Finish();
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    if (ack_all) {
+      EXPECT_LT(waited, 5.0);
+    } else {
+      EXPECT_GT(waited, 1.5);  // an unacknowledged batch: the longer wait
+      EXPECT_LT(waited, 10.0);
+    }
+    EXPECT_TRUE(WaitFor(5, [&] { return d.service().active_streams() == 0; }));
+  }
+}
+
 // A sparse stream's columns as sorted (index, value) lists: the form every layout must
 // agree on. From CSC, CSR or dense (nonzeros) views, each computed independently here.
 using Columns = std::vector<std::vector<std::pair<int32_t, float>>>;
