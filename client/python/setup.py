@@ -29,6 +29,12 @@ def version():
 def generate_stubs(out_dir):
     """conveyor/v1/conveyor_pb2.py and conveyor_pb2_grpc.py under out_dir."""
     out_dir = os.path.abspath(out_dir)
+    if not os.path.exists(os.path.join(PROTO_DIR, PROTO)):
+        # pip copies this directory alone to build it unless told otherwise; the stubs come
+        # from the repository's proto/.
+        sys.exit(f"conveyor-client: {os.path.join(PROTO_DIR, PROTO)} is not there: install from a checkout of the "
+                 "whole conveyor repository (pip install ./client/python from its top), not from a copy of "
+                 "client/python alone")
     os.makedirs(os.path.join(out_dir, "conveyor", "v1"), exist_ok=True)
     protoc, plugin = shutil.which("protoc"), shutil.which("grpc_python_plugin")
     if protoc and plugin:
