@@ -115,6 +115,20 @@ class TorchTest(unittest.TestCase):
         unsorted = os.path.join(cls.tmp.name, "unsorted.ctf")
         with open(unsorted, "w") as f:
             f.write("|s 4:1 0:2 |y 1\n|s 1:1 5:0.25 1:2 3:0.5 |y 2\n|s 2:7 |y 3\n|s 3:1 2:2 1:3 0:4 |y 4\n")
+        # Sequences whose label is on their first row only: in frame mode the other frames
+        # have no label.
+        frames = os.path.join(cls.tmp.name, "frames.ctf")
+        with open(frames, "w") as f:
+            f.write("0 |x 1 2 |y 1\n0 |x 3 4\n1 |x 5 6 |y 2\n")
+        extra += f"""
+  frames:
+    randomize: false
+    frameMode: true
+    file: {frames}
+    input:
+      x: {{dim: 2, format: dense}}
+      y: {{dim: 1, format: dense}}
+"""
         extra += f"""
   unsorted:
     randomize: false
@@ -406,6 +420,15 @@ class TorchTest(unittest.TestCase):
                 for k in range(ptr.numel() - 1):
                     seg = idx[ptr[k]:ptr[k + 1]]
                     self.assertTrue(bool((seg[1:] > seg[:-1]).all()), (layout, k, seg))
+
+    def test_frames_without_a_sample_of_a_stream_are_masked(self):
+        # As a sequence without the stream in single-sample datasets: zeros, a mask, a warning.
+        with self.assertWarnsRegex(RuntimeWarning, "1 of 3 rows of a batch have no sample of stream 'y'"):
+            batch = next(iter(self.dataset("frames", minibatch_size=3)))
+        self.assertTrue(torch.equal(batch["x"], torch.tensor([[1.0, 2], [3, 4], [5, 6]])))
+        self.assertTrue(torch.equal(batch["y"], torch.tensor([[1.0], [0], [2]])))
+        self.assertEqual(batch["_mask"]["y"].tolist(), [True, False, True])
+        self.assertNotIn("x", batch["_mask"])
 
     def test_device_batches_need_a_gpu(self):
         if not torch.cuda.is_available():

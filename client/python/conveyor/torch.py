@@ -33,7 +33,10 @@ What a trainer gets, with the DataLoader habits it already has:
   in use. `transport="cuda"` (same host) delivers the daemon's device batches instead.
 - **Shapes**: dense streams `[rows, dim]` when the dataset's sequences are single samples
   (or in frame mode), else `[rows, T, dim]` padded, with `"_lengths"[name]` (int64) and
-  `"_mask"[name]` (bool `[rows, T]`); ids int64 with padding `id_padding` (default -100,
+  `"_mask"[name]` (bool `[rows, T]`); a row without a sample of a stream (its line lacks
+  the input; in frame mode, a frame its sequence gives none, as a label on the first row
+  only) is zeros, with `"_mask"[name]` (bool `[rows]`) False there and a warning once;
+  ids int64 with padding `id_padding` (default -100,
   what cross_entropy ignores); sparse streams as torch sparse CSC (or CSR/dense:
   `sparse_layout`). `dtypes={"features": "float16"}` (or `"bfloat16"`) has the daemon narrow
   a stream's values (round to nearest even from float32).
@@ -420,6 +423,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
         frame_mode = desc.frame_mode if frame_mode is None else frame_mode
         # Single-sample sequences (or frames) are delivered [rows, dim], without a time axis.
         self._single = bool(frame_mode) or (desc.samples == desc.sequences and not args.get("truncation"))
+        self._frame_mode = bool(frame_mode)
         self._warned_holes = set()  # streams whose missing samples were warned about
         self._warned_dropped = False  # a batch with sequences dropped as bad input
         kwargs = dict(minibatch_size=self.minibatch_size, rank=self.rank, world=self.world,
@@ -589,6 +593,10 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
             # compact pieces are one sample of every stream a row; else the per-piece counts.
             holes = single and not desc.pieces.single_sample_rows and (
                 len(counts) < rows * nstreams or min(counts[i::nstreams], default=1) < 1)
+            # Frame mode, a row a frame (no step axis): a frame without a sample of the stream
+            # (a sequence's label on its first row only) is zeros; the pieces' counts say which.
+            frame_holes = (getattr(self, "_frame_mode", False) and not desc.pieces.single_sample_rows
+                           and len(counts) == rows * nstreams and min(counts[i::nstreams], default=1) < 1)
             lens = batch.lengths(s.name) if s.sequence_axis and (holes or not single) else None
             lens = None if lens is None else _tensor(lens).long()
             if s.format == _FORMAT_SPARSE and batch.layout(s.name) != "dense":
@@ -610,7 +618,9 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                     values = (values.reshape(rows, dim) if values.numel() == rows * dim
                               else torch.zeros((rows, dim), dtype=values.dtype, device=values.device))
                 out[s.name] = values
-            if holes:
+            if frame_holes:
+                lens = torch.tensor(counts[i::nstreams], dtype=torch.long)
+            if holes or frame_holes:
                 lengths[s.name] = lens
                 masks[s.name] = lens.cpu() >= 1
                 if s.name not in self._warned_holes:
