@@ -49,8 +49,8 @@ void LoaderService::ExpireLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_cv_.wait_for(lock, period, [&] { return stopping_; })) {
     // Under mu_, as Drain(): a reactor in streams_ is not yet unregistered, so it still exists.
-    const auto deadline_for_start = std::chrono::steady_clock::now() - timeout;
     const auto now = std::chrono::steady_clock::now();
+    const auto deadline_for_start = now - timeout;
     for (StreamReactor* r : streams_) {
       if (!r->ExpireUnsubscribed(deadline_for_start, timeout)) (void)r->ExpireEnded(now);
     }

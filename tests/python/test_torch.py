@@ -85,58 +85,31 @@ class TorchTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.config = os.path.join(cls.tmp.name, "conveyor.yaml")
+        def ctf_dataset(name, text, inputs, **options):
+            """A dataset of one CTF file written here (file order unless `options` say)."""
+            path = os.path.join(cls.tmp.name, name + ".ctf")
+            with open(path, "w") as f:
+                f.write(text)
+            settings = "".join(f"    {k}: {v}\n" for k, v in dict(dict(randomize="false"), **options).items())
+            streams = "".join(f"      {k}: {{{v}}}\n" for k, v in inputs.items())
+            return f"\n  {name}:\n{settings}    file: {path}\n    input:\n{streams}"
+
         # Rows whose line lacks a stream (the third), and an alias that matches nothing.
-        holes = os.path.join(cls.tmp.name, "holes.ctf")
-        with open(holes, "w") as f:
-            f.write("|features 1 2 |labels 1 0\n|features 3 4 |labels 0 1\n|labels 1 0\n|features 7 8 |labels 0 1\n")
-        extra = "".join(f"""
-  {name}:
-    randomize: false
-    file: {holes}
-    input:
-      features: {{dim: 2, format: dense{alias}}}
-      labels: {{dim: 2, format: dense}}
-""" for name, alias in (("holes", ""), ("absent", ", alias: feat")))
+        holes = "|features 1 2 |labels 1 0\n|features 3 4 |labels 0 1\n|labels 1 0\n|features 7 8 |labels 0 1\n"
+        extra = "".join(ctf_dataset(name, holes, {"features": f"dim: 2, format: dense{alias}",
+                                                  "labels": "dim: 2, format: dense"})
+                        for name, alias in (("holes", ""), ("absent", ", alias: feat")))
         # A line that does not parse, dropped under maxErrors.
-        bad = os.path.join(cls.tmp.name, "bad.ctf")
-        with open(bad, "w") as f:
-            f.write("|features 1 2 |labels 1 0\n|features 3 x |labels 0 1\n|features 5 6 |labels 1 0\n")
-        extra += f"""
-  bad:
-    randomize: false
-    maxErrors: 1
-    file: {bad}
-    input:
-      features: {{dim: 2, format: dense}}
-      labels: {{dim: 2, format: dense}}
-"""
-        # Sparse samples listing indices out of order and one twice (valid CTF: kept in file
-        # order by the daemon, summed in the dense layout).
-        unsorted = os.path.join(cls.tmp.name, "unsorted.ctf")
-        with open(unsorted, "w") as f:
-            f.write("|s 4:1 0:2 |y 1\n|s 1:1 5:0.25 1:2 3:0.5 |y 2\n|s 2:7 |y 3\n|s 3:1 2:2 1:3 0:4 |y 4\n")
+        extra += ctf_dataset("bad", "|features 1 2 |labels 1 0\n|features 3 x |labels 0 1\n|features 5 6 |labels 1 0\n",
+                             {"features": "dim: 2, format: dense", "labels": "dim: 2, format: dense"}, maxErrors=1)
         # Sequences whose label is on their first row only: in frame mode the other frames
         # have no label.
-        frames = os.path.join(cls.tmp.name, "frames.ctf")
-        with open(frames, "w") as f:
-            f.write("0 |x 1 2 |y 1\n0 |x 3 4\n1 |x 5 6 |y 2\n")
-        extra += f"""
-  frames:
-    randomize: false
-    frameMode: true
-    file: {frames}
-    input:
-      x: {{dim: 2, format: dense}}
-      y: {{dim: 1, format: dense}}
-"""
-        extra += f"""
-  unsorted:
-    randomize: false
-    file: {unsorted}
-    input:
-      s: {{dim: 6, format: sparse}}
-      y: {{dim: 1, format: dense}}
-"""
+        extra += ctf_dataset("frames", "0 |x 1 2 |y 1\n0 |x 3 4\n1 |x 5 6 |y 2\n",
+                             {"x": "dim: 2, format: dense", "y": "dim: 1, format: dense"}, frameMode="true")
+        # Sparse samples listing indices out of order and one twice (valid CTF: kept in file
+        # order by the daemon, summed in the dense layout).
+        extra += ctf_dataset("unsorted", "|s 4:1 0:2 |y 1\n|s 1:1 5:0.25 1:2 3:0.5 |y 2\n|s 2:7 |y 3\n|s 3:1 2:2 1:3 0:4 |y 4\n",
+                             {"s": "dim: 6, format: sparse", "y": "dim: 1, format: dense"})
         with open(cls.config, "w") as f:
             f.write(CONFIG + extra)
         port_file = os.path.join(cls.tmp.name, "port")

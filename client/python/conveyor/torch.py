@@ -595,7 +595,7 @@ class ConveyorDataset(torch.utils.data.IterableDataset):
                 len(counts) < rows * nstreams or min(counts[i::nstreams], default=1) < 1)
             # Frame mode, a row a frame (no step axis): a frame without a sample of the stream
             # (a sequence's label on its first row only) is zeros; the pieces' counts say which.
-            frame_holes = (getattr(self, "_frame_mode", False) and not desc.pieces.single_sample_rows
+            frame_holes = (self._frame_mode and not desc.pieces.single_sample_rows
                            and len(counts) == rows * nstreams and min(counts[i::nstreams], default=1) < 1)
             lens = batch.lengths(s.name) if s.sequence_axis and (holes or not single) else None
             lens = None if lens is None else _tensor(lens).long()
