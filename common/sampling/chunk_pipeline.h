@@ -6,6 +6,7 @@
 // ParserPool: the daemon's shared one, or one the pipeline owns.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -28,6 +29,15 @@ struct ChunkPipelineOptions {
   int prefetch = 2;   // chunks parsed ahead of the consumer, >= 1
   bool keep_all = false;
   ParserPool* pool = nullptr;  // shared threads (must outlive the pipeline); nullptr: own pool
+  // With its own pool only: the consumer's thread is one of the `threads`. The pool gets
+  // threads - 1 (none for 1), and a Get() that would wait parses on the consumer's thread
+  // instead: its own chunk if no job has started it, else, once the first chunk is done and
+  // when the chunk it waits for has more than half an average parse still to go, the next
+  // chunk not yet started within the parse-ahead (a wait shorter than that is cheaper than
+  // a whole chunk's parse on the thread that plans and assembles). So `threads` threads in
+  // all parse, plan and assemble (`conveyor bench --threads N` uses N cores at most), where
+  // the consumer's thread would otherwise come on top of them.
+  bool consumer_parses = false;
   // Asked before a chunk is parsed (not for one kept in memory): an error (e.g. a memory
   // budget's ResourceExhausted) becomes that chunk's error instead of parsing it. Called on
   // a parser thread; must be thread-safe and quick.
@@ -47,7 +57,8 @@ class ChunkPipeline {
   uint64_t Enqueue(uint64_t chunk_id);
   // Waits for the ticket's chunk. A chunk waited for that no job has started is parsed next,
   // even when `prefetch` chunks parsed ahead are not taken yet (the consumer may take tickets
-  // out of order: a prefetched chunk its next batches do not use must not stall it).
+  // out of order: a prefetched chunk its next batches do not use must not stall it); with
+  // consumer_parses, on the calling thread.
   // Errors: the parse error (DataLoss beyond maxErrors); Cancelled once Cancel() was called.
   absl::StatusOr<std::shared_ptr<const ParsedChunk>> Get(uint64_t ticket);
   // Thread-safe: wakes every Get() with Cancelled and starts no more parses (those running
@@ -70,6 +81,7 @@ class ChunkPipeline {
     uint64_t chunk = 0;
     bool started = false, done = false, taken = false, counted = false;
     bool wanted = false;  // Get() waits for it: parsed next, past the parse-ahead budget
+    std::chrono::steady_clock::time_point started_at;  // when a parse of it began
     absl::Status status;
     std::shared_ptr<const ParsedChunk> data;
   };
@@ -101,6 +113,11 @@ class ChunkPipeline {
   static void Schedule(const std::shared_ptr<State>& s);
   // One job: parses the first unstarted chunk, if any.
   static void RunJob(const std::shared_ptr<State>& s);
+  // The entry a parse should take next (mu held): the first chunk waited for, else the first
+  // not started (the order of use), within the parse-ahead; null when there is none.
+  static std::map<uint64_t, Entry>::iterator Claimable(State& s);
+  // Parses the entry `it` on this thread (mu held by `lock`, released while parsing).
+  static void Parse(State& s, std::unique_lock<std::mutex>& lock, std::map<uint64_t, Entry>::iterator it);
 
   std::unique_ptr<ParserPool> own_pool_;
   std::shared_ptr<State> state_;

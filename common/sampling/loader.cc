@@ -35,13 +35,18 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
   ChunkPipelineOptions po;
   po.pool = options.pool;
   po.threads = options.threads;
-  po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
+  // A loader of its own threads counts its caller's among them (see LoaderOptions::threads):
+  // 2 chunks ahead per thread parsing ahead, the pool's (the caller's own parse what it waits for).
+  po.consumer_parses = options.pool == nullptr;
+  const int ahead_threads = po.consumer_parses ? std::max(1, options.threads - 1) : options.threads;
+  po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * ahead_threads;
   po.keep_all = dataset->config().keep_data_in_memory;
   po.admit = options.admit_chunk;
   lookahead_chunks_ = static_cast<uint64_t>(po.prefetch);
   pipeline_ = std::make_unique<ChunkPipeline>(dataset, po);
-  // Parser threads with no chunk to parse help assemble (the same bytes on any number).
-  assembler_->set_helpers(pipeline_->pool());
+  // Parser threads with no chunk to parse help assemble (the same bytes on any number); a
+  // pool of none (`threads` 1 of its own) has no helper to offer.
+  if (pipeline_->pool()->threads() > 0) assembler_->set_helpers(pipeline_->pool());
 }
 
 Loader::~Loader() {

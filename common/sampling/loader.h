@@ -29,7 +29,12 @@ namespace conveyor {
 
 struct LoaderOptions {
   PlannerOptions planner;
-  int threads = 1;   // parser threads
+  // Threads that parse. With a pool of its own (`pool` null), the caller's thread is one of
+  // them: `threads` - 1 pool threads parse ahead and help assemble, and the caller parses
+  // what it would otherwise wait for, so the loader uses `threads` cores at most (1: the
+  // caller alone plans, parses and assembles). With a shared pool, the chunks it parses at
+  // once, on the pool's threads.
+  int threads = 1;
   int prefetch = 0;  // chunks parsed ahead; 0: 2 per thread
   std::optional<CursorState> resume;  // continue after the batch this state follows
   std::vector<OutputLayout> layouts;  // per stream (empty: all native)

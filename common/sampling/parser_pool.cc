@@ -41,7 +41,7 @@ int ProcessCores() {
 }  // namespace
 
 ParserPool::ParserPool(int threads, int cores, bool shared) {
-  threads = std::max(1, threads);
+  threads = std::max(0, threads);
   spare_cores_ = !shared && (cores > 0 ? cores : ProcessCores()) >= threads + 2;
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
@@ -60,6 +60,10 @@ void ParserPool::Submit(std::function<void()> job) { Add(std::move(job), /*helpi
 void ParserPool::Help(std::function<void()> job) { Add(std::move(job), /*helping=*/true); }
 
 void ParserPool::Add(std::function<void()> job, bool helping) {
+  if (threads_.empty()) {  // no thread to run it: the caller does (ChunkPipeline submits none)
+    job();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(Job{std::move(job), helping});

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -384,7 +385,8 @@ TEST_F(LoaderTest, ParserThreadsHelpingToAssembleChangeNoByte) {
         auto cpu = MakeCpuAssembler(split);
         auto loader = Loader::Create(ds->get(), cpu.get(), lo);
         ASSERT_TRUE(loader.ok());
-        EXPECT_TRUE((*loader)->pipelined());
+        // One thread of its own is the caller's alone: no pool thread to help.
+        EXPECT_EQ((*loader)->pipelined(), threads > 1 || way == 3);
         std::vector<std::vector<std::byte>> got;
         auto keep = [&](const Batch& b) {
           got.emplace_back(b.bytes.begin(), b.bytes.end());
@@ -554,6 +556,95 @@ TEST_F(LoaderTest, PipelineParsesTheChunkWaitedForPastTheParseAhead) {
   EXPECT_EQ((*middle)->chunk_id, 1u);
 }
 
+// `threads` of a loader's own count its caller's thread: at 1 it alone parses (no pool
+// thread; the pipeline submits nothing), at 2 and 3 no more than that many threads parse,
+// and the batches are a shared pool's to the byte.
+TEST_F(LoaderTest, ALoadersOwnThreadsCountItsCallers) {
+  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
+  c.deserializers[0].chunk_size_in_bytes = 300;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  ASSERT_GT((*ds)->index().chunks.size(), 8u);
+  LoaderOptions lo;
+  lo.planner.minibatch_size = 9;
+  lo.planner.epochs = 2;
+  lo.planner.randomizer.randomize = true;
+  lo.planner.randomizer.window = 3;
+  ParserPool shared(2, /*cores=*/0, /*shared=*/true);
+  lo.pool = &shared;
+  auto cpu = MakeCpuAssembler();
+  auto want = LoadAll(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_GT(want->size(), 40u);
+  lo.pool = nullptr;
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    std::mutex mu;
+    std::map<std::thread::id, int> parsers;
+    lo.threads = threads;
+    lo.admit_chunk = [&](uint64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++parsers[std::this_thread::get_id()];
+      return absl::OkStatus();
+    };
+    auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+    ASSERT_TRUE(loader.ok());
+    EXPECT_EQ((*loader)->pipeline().pool()->threads(), threads - 1);
+    auto got = DrainNext(loader->get());
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, *want);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LE(parsers.size(), static_cast<size_t>(threads));
+    int parses = 0;
+    for (const auto& [id, n] : parsers) parses += n;
+    EXPECT_GE(parses, static_cast<int>((*ds)->index().chunks.size()));  // every chunk, each sweep
+    if (threads == 1) {
+      ASSERT_EQ(parsers.size(), 1u);
+      EXPECT_EQ(parsers.begin()->first, std::this_thread::get_id());
+    }
+  }
+}
+
+// A pipeline whose consumer parses, with one thread: nothing is parsed until it waits, and
+// then on its own thread, past the parse-ahead too.
+TEST_F(LoaderTest, APipelineOfOneThreadParsesOnTheConsumersThread) {
+  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
+  c.deserializers[0].chunk_size_in_bytes = 500;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  ASSERT_GE((*ds)->index().chunks.size(), 3u);
+  std::mutex mu;
+  std::vector<std::thread::id> parsers;
+  ChunkPipelineOptions po;
+  po.threads = 1;
+  po.prefetch = 1;
+  po.consumer_parses = true;
+  po.admit = [&](uint64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    parsers.push_back(std::this_thread::get_id());
+    return absl::OkStatus();
+  };
+  ChunkPipeline pipeline(ds->get(), po);
+  EXPECT_EQ(pipeline.pool()->threads(), 0);
+  const uint64_t first = pipeline.Enqueue(0);
+  const uint64_t second = pipeline.Enqueue(1);
+  const uint64_t third = pipeline.Enqueue(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(pipeline.chunks_parsed(), 0u);
+  auto got = pipeline.Get(third);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->chunk_id, 2u);
+  EXPECT_EQ(pipeline.chunks_parsed(), 1u);
+  for (uint64_t t : {first, second}) {
+    auto chunk = pipeline.Get(t);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ((*chunk)->chunk_id, t);
+  }
+  EXPECT_EQ(pipeline.chunks_parsed(), 3u);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(parsers, std::vector<std::thread::id>(3, std::this_thread::get_id()));
+}
+
 TEST_F(LoaderTest, ParseErrorBeyondTheBudgetStopsTheLoader) {
   DatasetConfig c = CtfDataset(dir_.Write("bad.ctf", "1 |a 1\n2 |a 2\n3 |a ?\n"), "{a: {dim: 1, format: dense}}");
   auto ds = Dataset::Open(c);
@@ -681,6 +772,19 @@ TEST(ParserPool, RunsEveryJobOnAtMostItsThreads) {
   }  // the destructor runs what was submitted
   EXPECT_EQ(done.load(), 12);
   EXPECT_EQ(most.load(), 2);
+}
+
+TEST(ParserPool, APoolOfNoThreadRunsWhatItIsGivenOnTheCaller) {
+  ParserPool pool(0);
+  EXPECT_EQ(pool.threads(), 0);
+  EXPECT_EQ(pool.idle(), 0);
+  EXPECT_EQ(pool.available(), 0);
+  std::thread::id ran;
+  pool.Submit([&] { ran = std::this_thread::get_id(); });
+  EXPECT_EQ(ran, std::this_thread::get_id());
+  ran = std::thread::id();
+  pool.Help([&] { ran = std::this_thread::get_id(); });
+  EXPECT_EQ(ran, std::this_thread::get_id());
 }
 
 // Jobs that hold their pool thread until released.
