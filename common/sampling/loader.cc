@@ -35,11 +35,12 @@ Loader::Loader(const Dataset* dataset, BatchAssembler* assembler, std::unique_pt
   ChunkPipelineOptions po;
   po.pool = options.pool;
   po.threads = options.threads;
-  // A loader of its own threads counts its caller's among them (see LoaderOptions::threads):
-  // 2 chunks ahead per thread parsing ahead, the pool's (the caller's own parse what it waits for).
+  // A loader of its own threads counts its caller's among them (see LoaderOptions::threads).
+  // Two chunks ahead per thread, the caller's included: with one ahead per pool thread, a
+  // pool thread that has parsed its chunk waits while the caller parses the next (CTF dense,
+  // 2 threads: 1248 MB/s against 1396 with 2 per thread; bench/RESULTS.md).
   po.consumer_parses = options.pool == nullptr;
-  const int ahead_threads = po.consumer_parses ? std::max(1, options.threads - 1) : options.threads;
-  po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * ahead_threads;
+  po.prefetch = options.prefetch > 0 ? options.prefetch : 2 * options.threads;
   po.keep_all = dataset->config().keep_data_in_memory;
   po.admit = options.admit_chunk;
   lookahead_chunks_ = static_cast<uint64_t>(po.prefetch);
