@@ -12,9 +12,13 @@ rusage), how busy the loader's thread was (its CPU over the run: near 1, it is w
 and the ratio of each thread count's median to --threads 1; then the same for the
 rates after each run's first batch (bench's steady_mbs), which leave out the start (index,
 first chunks, memory mapped new) that short runs on a virtual machine are dominated by.
+`--threads T` is every thread of the read, the loader's included (T = 1: one thread does
+everything). With --pair, each round also runs two `--threads 1` processes at once: their
+combined rate over one alone is what two threads doing this work get from this machine
+(memory bandwidth, caches, the host), the ceiling a two-thread loader is measured against.
 
 Usage: bench/scaling.py --conveyor build/client/conveyor --gen-ctf build/bench/gen_ctf \
-           --work /tmp/scaling [--threads 1,2,4,8] [--reps 3] [--scale 1.0]
+           --work /tmp/scaling [--threads 1,2,4,8] [--reps 3] [--scale 1.0] [--pair]
 Standard library only (no numpy), so that it runs under any python3.
 """
 import argparse
@@ -126,6 +130,22 @@ def bench(conveyor, cfg, dataset, threads, epochs):
     return summary["bytes"] / summary["seconds"] / 1e6, cpu / wall, summary.get("steady_mbs", 0.0), busy
 
 
+def bench_pair(conveyor, cfg, dataset, epochs):
+    """Two `--threads 1` runs at once: their bytes over the wall of both, MB/s. What this
+    machine gives two independent threads doing this work (memory bandwidth, caches, the
+    host's scheduling): the ceiling of any two-thread loader, the reference for 2 vs 1."""
+    cmd = [conveyor, "bench", cfg, "--dataset", dataset, "--threads", "1", "--minibatch-size", "4096",
+           "--epochs", str(epochs), "--json"]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    wall = time.monotonic() - t0
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"{dataset}: a paired run failed")
+    total = sum(json.loads(o.strip().splitlines()[-1])["bytes"] for o in outs)
+    return total / wall / 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--conveyor", required=True)
@@ -138,6 +158,9 @@ def main():
     ap.add_argument("--epoch-factor", type=int, default=1,
                     help="epochs of each run times this (the first epoch maps its memory new: more epochs "
                          "show the steady state)")
+    ap.add_argument("--pair", action="store_true",
+                    help="also run two --threads 1 processes at once each round: their combined rate over one "
+                         "alone is what two threads can reach on this machine (the reference for 2 vs 1)")
     args = ap.parse_args()
     conveyor = os.path.abspath(args.conveyor)
     work = os.path.abspath(args.work)
@@ -175,6 +198,8 @@ def main():
         for _ in range(args.reps):
             for t in threads:
                 rates.setdefault((d, t), []).append(bench(conveyor, cfg, d, t, EPOCHS[d] * args.epoch_factor))
+            if args.pair:
+                rates.setdefault((d, "pair"), []).append(bench_pair(conveyor, cfg, d, EPOCHS[d] * args.epoch_factor))
     def table(title, width, value, extra=lambda runs: ""):
         """One row a dataset: each thread count's median (min-max) of value(run), extra(runs)
         after it, then each count's median over the first one's."""
@@ -197,6 +222,18 @@ def main():
           lambda runs: f" cpu {statistics.median(r[1] for r in runs):4.1f} ld {statistics.median(r[3] for r in runs):4.2f}")
     table("\nthe same runs after their first batch (bench's steady_mbs: the start left out), median (min-max)",
           20, lambda r: r[2])
+    if args.pair and 1 in threads:
+        print("\ntwo --threads 1 processes at once (the same runs' rounds): MB/s of both together, median (min-max); "
+              "over one --threads 1 alone, and each thread count's rate over the pair's (1.0: all two threads "
+              "can give here)")
+        for d in datasets:
+            pair = [r for r in rates[(d, "pair")]]
+            one = statistics.median(r[0] for r in rates[(d, 1)])
+            med = statistics.median(pair)
+            row = f"{d:<12}{med:>8.0f} ({min(pair):.0f}-{max(pair):.0f}) pair/one {med / one if one > 0 else 0:5.2f}"
+            row += "".join(f"   --threads {t}/pair {statistics.median(r[0] for r in rates[(d, t)]) / med:5.2f}"
+                           for t in threads if t > 1)
+            print(row, flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())
