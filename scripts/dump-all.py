@@ -18,7 +18,7 @@ and refusals are compared too. Configurations are generated (standard library on
   * the HTK features + MLF labels subset, as CNTK's configuration and as YAML;
   * a CTF file joined with itself as two deserializers (a composite of CTF members);
   * examples/conveyor.yaml and examples/reader.cntk, every dataset.
-Each is dumped in file order, randomized over 2 epochs with 2 parser threads, as rank 1 of
+Each is dumped in file order, randomized over 2 epochs on 2 threads, as rank 1 of
 2, and (speech data) in frame mode.
 """
 import argparse

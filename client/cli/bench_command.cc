@@ -223,7 +223,7 @@ int RunBench(const BenchArgs& args) {
   if (!args.json) {
     const bool text = ds->config().deserializers[0].type == "CNTKTextFormat";
     const double mbs = bytes / 1e6 / std::max(secs, 1e-9);
-    std::printf("%s: %llu batches, %llu samples, %.1f MB of input in %.3f s with %d parser thread(s)\n",
+    std::printf("%s: %llu batches, %llu samples, %.1f MB of input in %.3f s on %d thread(s), the loader's included\n",
                 stream->name.c_str(), static_cast<unsigned long long>(batches),
                 static_cast<unsigned long long>(samples), bytes / 1e6, secs, stream->request.threads);
     if (first_batch >= 0) {
