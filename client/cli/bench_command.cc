@@ -273,8 +273,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench",
-      "Read whole epochs of a dataset through indexing, randomization, parsing (--threads "
-      "parser threads) and CPU batch assembly without printing batches, and report the rates "
+      "Read whole epochs of a dataset through indexing, randomization, parsing and CPU batch "
+      "assembly on --threads threads in all without printing batches, and report the rates "
       "next to a reference measured in the same run (a memchr scan of the same file for text; "
       "`cat` and a memcpy of the same bytes for the other formats); or, given a daemon address, the rate a "
       "subscription receives batches at. With --json only the summary line "
@@ -282,7 +282,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       "blocks_mapped_new, blocks_reused and blocks_mb: the parsed chunks' memory, new and reused; "
       "first_batch_ms: from opening the dataset to the first batch; steady_mbs: MB/s of input after "
       "the first batch, what a long run streams at (0 with one batch); cpu_seconds: the process's CPU "
-      "time over the run; loader_cpu_seconds: the loader's thread's (planning and assembly; near "
+      "time over the run; loader_cpu_seconds: the loader's thread's (planning, assembly and the parses it does itself; near "
       "seconds when it binds); "
       "from a daemon, inline_parts and inline_parts_in_pieces).");
   cmd->add_option("config", args->config,

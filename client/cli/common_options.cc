@@ -224,7 +224,7 @@ void AddStreamOptions(CLI::App* cmd, StreamArgs* a, bool in_process) {
       ->check(CLI::Range(1u, kMaxBatchStride));
   cmd->add_option("--batch-offset", a->batch_offset, "Which of every --batch-stride minibatches (default 0)");
   const std::string group = in_process ? "Options" : "";  // "": hidden from --help
-  cmd->add_option("--threads", a->threads, "Threads of a local read, this one included: they parse, plan and assemble, so N uses N cores at most (default 1: one thread does everything); also indexing threads when the index is built. The output is the same for any value")
+  cmd->add_option("--threads", a->threads, "Threads of a local read, the calling thread included: they parse, plan and assemble, so N uses N cores at most (default 1: one thread does everything); also indexing threads when the index is built. The output is the same for any value")
       ->check(CLI::Range(1, 256))
       ->group(group);
   cmd->add_option("--assembler", a->assembler,

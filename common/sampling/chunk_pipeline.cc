@@ -31,8 +31,12 @@ void ChunkPipeline::Schedule(const std::shared_ptr<State>& s) {
   // batch), and a second chunk parsed beside it takes CPU from it whenever the pipeline's
   // threads outnumber the cores the process gets (issue 19: first batch).
   uint64_t budget = s->first_done ? static_cast<uint64_t>(std::max(1, s->options.threads)) : 1;
-  // The consumer's own thread is one of them (and the only one at 1: no job is submitted).
-  budget = std::min<uint64_t>(budget, s->pool->threads() == 0 ? 0 : static_cast<uint64_t>(s->pool->threads()));
+  if (s->options.consumer_parses) {
+    // The consumer's own thread is one of them (the only one at 1: no job is submitted), and
+    // while it parses the first chunk no job starts a second.
+    budget = std::min<uint64_t>(budget, static_cast<uint64_t>(s->pool->threads()));
+    if (!s->first_done && s->parsing > 0) return;
+  }
   // Past the parse-ahead only for chunks the consumer waits for (one job each).
   const uint64_t prefetch = static_cast<uint64_t>(std::max(1, s->options.prefetch));
   while (!s->stop && s->jobs < budget && s->unstarted > s->unclaimed &&
@@ -63,6 +67,9 @@ std::map<uint64_t, ChunkPipeline::Entry>::iterator ChunkPipeline::Claimable(Stat
   if (s.stop || !(s.wanted > 0 || s.ahead < static_cast<uint64_t>(std::max(1, s.options.prefetch)))) {
     return s.entries.end();
   }
+  // The first chunk is parsed alone (Schedule()): a job submitted for it that finds the
+  // consumer parsing it leaves the next one to later.
+  if (!s.first_done && s.parsing > 0) return s.entries.end();
   for (auto it = s.entries.begin(); it != s.entries.end(); ++it) {
     if (!it->second.started && (it->second.wanted || s.wanted == 0)) return it;
   }
@@ -135,8 +142,8 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
     // job has started it, or (after the first chunk, as jobs do) one not yet started ahead.
     while (!it->second.done && !s.cancelled) {
       auto todo = s.entries.end();
-      if (!it->second.started && !s.stop) {
-        todo = it;
+      if (!it->second.started && !s.stop && (s.first_done || s.parsing == 0)) {
+        todo = it;  // (the first chunk parsed alone: after the one a job is parsing, if any)
       } else if (s.first_done && s.chunks_parsed > 0) {
         const double average = s.parse_seconds / static_cast<double>(s.chunks_parsed);
         const double elapsed =

@@ -101,7 +101,10 @@ namespace {
 
 // n float32 values at p (any alignment), byte-swapped when big endian, into out. Plain loops
 // (the swap as shifts and masks) that the compiler vectorizes, built for AVX2 and the baseline.
-__attribute__((target_clones("avx2", "default"))) void LoadFloats(const char* __restrict p, size_t n,
+#if !defined(__SANITIZE_THREAD__)  // (its ifunc resolver would run before TSan's runtime: a crash at load)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void LoadFloats(const char* __restrict p, size_t n,
                                                                   bool big_endian, float* __restrict out) {
   if (!big_endian) {
     std::memcpy(out, p, n * sizeof(float));

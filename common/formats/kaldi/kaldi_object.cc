@@ -23,7 +23,9 @@ constexpr int64_t kCmTableRows = 48;
 
 // CmColumnTable, compiled twice: for AVX2 (four doubles a vector, picked at run time where
 // the CPU has it) and for the baseline. No FMA either way (this file: -ffp-contract=off).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// (Not under ThreadSanitizer: its instrumented ifunc resolver runs before the runtime is up
+// and crashes the program at load.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void CmTable(float p0, float p25, float p75, float p100, float* table) {

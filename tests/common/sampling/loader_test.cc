@@ -645,6 +645,51 @@ TEST_F(LoaderTest, APipelineOfOneThreadParsesOnTheConsumersThread) {
   EXPECT_EQ(parsers, std::vector<std::thread::id>(3, std::this_thread::get_id()));
 }
 
+// With a pool thread beside the consumer, the first chunk is still parsed alone (the first
+// batch waits for it): whoever parses it, no other chunk starts until it is done, also when
+// the consumer takes it before the job submitted for it runs. Repeated: who wins is timing.
+TEST_F(LoaderTest, AConsumerThatParsesStillParsesTheFirstChunkAlone) {
+  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
+  c.deserializers[0].chunk_size_in_bytes = 500;
+  auto ds = Dataset::Open(c);
+  ASSERT_TRUE(ds.ok());
+  ASSERT_GE((*ds)->index().chunks.size(), 4u);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    std::mutex mu;
+    bool first_in = false, first_out = false, overlapped = false;
+    ChunkPipelineOptions po;
+    po.threads = 2;
+    po.prefetch = 4;
+    po.consumer_parses = true;
+    po.admit = [&](uint64_t chunk) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (chunk == 0) first_in = true;
+        else if (first_in && !first_out) overlapped = true;  // began while the first was parsed
+      }
+      if (chunk == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        std::lock_guard<std::mutex> lock(mu);
+        first_out = true;
+      }
+      return absl::OkStatus();
+    };
+    ChunkPipeline pipeline(ds->get(), po);
+    EXPECT_EQ(pipeline.pool()->threads(), 1);
+    std::vector<uint64_t> tickets;
+    for (uint64_t k = 0; k < 4; ++k) tickets.push_back(pipeline.Enqueue(k));
+    for (uint64_t k = 0; k < 4; ++k) {
+      auto chunk = pipeline.Get(tickets[k]);
+      ASSERT_TRUE(chunk.ok()) << chunk.status();
+      EXPECT_EQ((*chunk)->chunk_id, k);
+      pipeline.Release(tickets[k]);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(overlapped);
+  }
+}
+
 TEST_F(LoaderTest, ParseErrorBeyondTheBudgetStopsTheLoader) {
   DatasetConfig c = CtfDataset(dir_.Write("bad.ctf", "1 |a 1\n2 |a 2\n3 |a ?\n"), "{a: {dim: 1, format: dense}}");
   auto ds = Dataset::Open(c);
