@@ -64,6 +64,7 @@ int ParseEveryChunk(Dataset* ds, int threads, DatasetReport* report) {
   ChunkPipelineOptions po;
   po.threads = threads;
   po.prefetch = 2 * threads;
+  po.consumer_parses = true;  // this thread is one of `threads`, as in bench and dump
   ChunkPipeline pipeline(ds, po);
   ProgressBar bar("parsing");
   const uint64_t n = index.chunks.size();
