@@ -227,7 +227,7 @@ def main():
               "over one --threads 1 alone, and each thread count's rate over the pair's (1.0: all two threads "
               "can give here)")
         for d in datasets:
-            pair = [r for r in rates[(d, "pair")]]
+            pair = rates[(d, "pair")]
             one = statistics.median(r[0] for r in rates[(d, 1)])
             med = statistics.median(pair)
             row = f"{d:<12}{med:>8.0f} ({min(pair):.0f}-{max(pair):.0f}) pair/one {med / one if one > 0 else 0:5.2f}"

@@ -141,9 +141,11 @@ absl::StatusOr<std::shared_ptr<const ParsedChunk>> ChunkPipeline::Get(uint64_t t
     // This thread is one of the pipeline's: rather than wait, it parses its own chunk when no
     // job has started it, or (after the first chunk, as jobs do) one not yet started ahead.
     while (!it->second.done && !s.cancelled) {
+      // Its own chunk, waited for and not started, is what Claimable() picks (the one entry
+      // wanted: this thread is the only one that waits), under the same rules as a job's.
       auto todo = s.entries.end();
-      if (!it->second.started && !s.stop && (s.first_done || s.parsing == 0)) {
-        todo = it;  // (the first chunk parsed alone: after the one a job is parsing, if any)
+      if (!it->second.started) {
+        todo = Claimable(s);
       } else if (s.first_done && s.chunks_parsed > 0) {
         const double average = s.parse_seconds / static_cast<double>(s.chunks_parsed);
         const double elapsed =

@@ -31,9 +31,9 @@ namespace conveyor {
 class ParserPool final : public AssemblyHelpers {
  public:
   // Starts `threads` threads. A pool of none (a loader whose own thread is its only one,
-  // `--threads 1`) runs what it is given on the calling thread. `cores`: the cores this process may run on, which decide
-  // available() (0: its CPU affinity mask, sched_getaffinity, capped by its cgroup's CPU
-  // quota, cpu.max). `shared`: a pool many loaders use (the daemon's), whose threads busy
+  // `--threads 1`) runs what it is given on the calling thread. `cores`: the cores this
+  // process may run on, which decide available() (0: its CPU affinity mask,
+  // sched_getaffinity, capped by its cgroup's CPU quota, cpu.max). `shared`: a pool many loaders use (the daemon's), whose threads busy
   // parsing are never offered: its subscriptions' loader threads need the spare cores. (A
   // thread assembling is offered there too: another subscription's ranges queued behind it
   // cost that subscription nothing, its loader's thread running whatever is still untaken.)

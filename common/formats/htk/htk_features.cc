@@ -104,8 +104,7 @@ namespace {
 #if !defined(__SANITIZE_THREAD__)  // (its ifunc resolver would run before TSan's runtime: a crash at load)
 __attribute__((target_clones("avx2", "default")))
 #endif
-void LoadFloats(const char* __restrict p, size_t n,
-                                                                  bool big_endian, float* __restrict out) {
+void LoadFloats(const char* __restrict p, size_t n, bool big_endian, float* __restrict out) {
   if (!big_endian) {
     std::memcpy(out, p, n * sizeof(float));
     return;

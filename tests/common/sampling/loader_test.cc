@@ -96,18 +96,28 @@ class LoaderTest : public ::testing::Test {
     for (int i = 0; i < 400; ++i) data += std::to_string(i) + " |a " + std::to_string(i) + "\n";
     file_ = dir_.Write("d.ctf", data);
   }
-  uint64_t ParsedAfterEpochs(bool keep, uint64_t epochs, int threads) {
+  // The fixture's 400 one-value sequences in chunks of about `chunk_bytes`.
+  absl::StatusOr<std::unique_ptr<Dataset>> OpenInChunks(uint64_t chunk_bytes, bool keep = false) {
     DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
     c.keep_data_in_memory = keep;
-    c.deserializers[0].chunk_size_in_bytes = 500;
-    auto ds = Dataset::Open(c);
-    EXPECT_TRUE(ds.ok());
-    auto cpu = MakeCpuAssembler();
+    c.deserializers[0].chunk_size_in_bytes = chunk_bytes;
+    return Dataset::Open(c);
+  }
+  // A randomized read of `epochs` epochs in minibatches of `minibatch`, over a window of
+  // `window` chunks.
+  static LoaderOptions Randomized(uint64_t minibatch, uint64_t window, uint64_t epochs) {
     LoaderOptions lo;
-    lo.planner.minibatch_size = 7;
+    lo.planner.minibatch_size = minibatch;
     lo.planner.epochs = epochs;
     lo.planner.randomizer.randomize = true;
-    lo.planner.randomizer.window = 3;
+    lo.planner.randomizer.window = window;
+    return lo;
+  }
+  uint64_t ParsedAfterEpochs(bool keep, uint64_t epochs, int threads) {
+    auto ds = OpenInChunks(500, keep);
+    EXPECT_TRUE(ds.ok());
+    auto cpu = MakeCpuAssembler();
+    LoaderOptions lo = Randomized(7, 3, epochs);
     lo.threads = threads;
     auto loader = Loader::Create(ds->get(), cpu.get(), lo);
     EXPECT_TRUE(loader.ok());
@@ -286,16 +296,10 @@ TEST(LoaderReuse, EveryBatchIsWhatALoaderResumedBeforeItAssembles) {
 }
 
 TEST_F(LoaderTest, PipelinedBatchesAreTheSynchronousOnes) {
-  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-  c.deserializers[0].chunk_size_in_bytes = 200;
-  auto ds = Dataset::Open(c);
+  auto ds = OpenInChunks(200);
   ASSERT_TRUE(ds.ok());
   ASSERT_GT((*ds)->index().chunks.size(), 20u);
-  LoaderOptions lo;
-  lo.planner.minibatch_size = 9;
-  lo.planner.epochs = 2;
-  lo.planner.randomizer.randomize = true;
-  lo.planner.randomizer.window = 2;
+  LoaderOptions lo = Randomized(9, 2, 2);
   lo.prefetch = 1;
   auto cpu = MakeCpuAssembler();
   auto loaded = LoadAll(ds->get(), cpu.get(), lo);
@@ -461,9 +465,7 @@ TEST_F(LoaderTest, NextWaitsForNoneAndDestructionWaitsForAll) {
 TEST_F(LoaderTest, RandomizedSweepsNeverWaitOnAChunkNobodyParses) {
   int runs = 0;
   for (uint64_t chunk_size : {500, 800, 1000}) {
-    DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-    c.deserializers[0].chunk_size_in_bytes = chunk_size;
-    auto ds = Dataset::Open(c);
+    auto ds = OpenInChunks(chunk_size);
     ASSERT_TRUE(ds.ok());
     const uint64_t n = (*ds)->index().chunks.size();
     ASSERT_GE(n, 4u);
@@ -471,11 +473,7 @@ TEST_F(LoaderTest, RandomizedSweepsNeverWaitOnAChunkNobodyParses) {
       for (uint64_t seed = 0; seed < 6; ++seed) {
         for (int threads : {1, 2}) {
           for (int prefetch : {0, 1}) {
-            LoaderOptions lo;
-            lo.planner.minibatch_size = 16;
-            lo.planner.epochs = 4;
-            lo.planner.randomizer.randomize = true;
-            lo.planner.randomizer.window = window;
+            LoaderOptions lo = Randomized(16, window, 4);
             lo.planner.randomizer.seed = seed;
             lo.threads = threads;
             lo.prefetch = prefetch;
@@ -518,9 +516,7 @@ TEST_F(LoaderTest, RandomizedSweepsNeverWaitOnAChunkNobodyParses) {
 // want yet, a Get() of a later ticket still gets its chunk parsed (and the earlier one stays
 // there for its own Get()).
 TEST_F(LoaderTest, PipelineParsesTheChunkWaitedForPastTheParseAhead) {
-  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-  c.deserializers[0].chunk_size_in_bytes = 500;
-  auto ds = Dataset::Open(c);
+  auto ds = OpenInChunks(500);
   ASSERT_TRUE(ds.ok());
   ASSERT_GE((*ds)->index().chunks.size(), 3u);
   ChunkPipelineOptions po;
@@ -560,16 +556,10 @@ TEST_F(LoaderTest, PipelineParsesTheChunkWaitedForPastTheParseAhead) {
 // thread; the pipeline submits nothing), at 2 and 3 no more than that many threads parse,
 // and the batches are a shared pool's to the byte.
 TEST_F(LoaderTest, ALoadersOwnThreadsCountItsCallers) {
-  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-  c.deserializers[0].chunk_size_in_bytes = 300;
-  auto ds = Dataset::Open(c);
+  auto ds = OpenInChunks(300);
   ASSERT_TRUE(ds.ok());
   ASSERT_GT((*ds)->index().chunks.size(), 8u);
-  LoaderOptions lo;
-  lo.planner.minibatch_size = 9;
-  lo.planner.epochs = 2;
-  lo.planner.randomizer.randomize = true;
-  lo.planner.randomizer.window = 3;
+  LoaderOptions lo = Randomized(9, 3, 2);
   ParserPool shared(2, /*cores=*/0, /*shared=*/true);
   lo.pool = &shared;
   auto cpu = MakeCpuAssembler();
@@ -608,9 +598,7 @@ TEST_F(LoaderTest, ALoadersOwnThreadsCountItsCallers) {
 // A pipeline whose consumer parses, with one thread: nothing is parsed until it waits, and
 // then on its own thread, past the parse-ahead too.
 TEST_F(LoaderTest, APipelineOfOneThreadParsesOnTheConsumersThread) {
-  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-  c.deserializers[0].chunk_size_in_bytes = 500;
-  auto ds = Dataset::Open(c);
+  auto ds = OpenInChunks(500);
   ASSERT_TRUE(ds.ok());
   ASSERT_GE((*ds)->index().chunks.size(), 3u);
   std::mutex mu;
@@ -649,9 +637,7 @@ TEST_F(LoaderTest, APipelineOfOneThreadParsesOnTheConsumersThread) {
 // batch waits for it): whoever parses it, no other chunk starts until it is done, also when
 // the consumer takes it before the job submitted for it runs. Repeated: who wins is timing.
 TEST_F(LoaderTest, AConsumerThatParsesStillParsesTheFirstChunkAlone) {
-  DatasetConfig c = CtfDataset(file_, "{a: {dim: 1, format: dense}}");
-  c.deserializers[0].chunk_size_in_bytes = 500;
-  auto ds = Dataset::Open(c);
+  auto ds = OpenInChunks(500);
   ASSERT_TRUE(ds.ok());
   ASSERT_GE((*ds)->index().chunks.size(), 4u);
   for (int round = 0; round < 20; ++round) {
