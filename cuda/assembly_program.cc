@@ -227,9 +227,11 @@ class ProgramBuilder {
     } else if (L.format == StreamFormat::kDense && !ps.compressed.empty()) {
       // Consecutive rows of one matrix landing consecutively (frames read in order, a
       // sequence's BPTT pieces) become one decode op: one header block, longer column runs.
+      // One matrix: the same entry of the chunk (payloads of one file may share their object:
+      // HTK's is the file's first byte).
       const CompressedDense& m = ps.compressed[p.slot];
       const uint64_t r0 = b - ps.sequence_begin[p.slot], dst = L.values.offset + col * L.dim * vb_;
-      if (run_.rows > 0 && run_.matrix->object == m.object && run_.matrix->row0 == m.row0 && run_.r0 + run_.rows == r0 &&
+      if (run_.rows > 0 && run_.matrix == &m && run_.r0 + run_.rows == r0 &&
           run_.dst + run_.rows * L.dim * vb_ == dst) {
         run_.rows += c;
         return;
@@ -303,9 +305,14 @@ class ProgramBuilder {
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads, or (a few
   // rows of CM) the rows decoded here.
   void PackCompressed(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    // Payloads of other codecs (HTK context windows) are built here, as the CPU assembler does.
+    if (m.info.codec != kaldi::CompressedCodecTag()) {
+      DecodeOnHost(m, r0, n, cols, dst);
+      return;
+    }
     const kaldi::ObjectInfo info = kaldi::CompressedObjectInfo(m.info);  // the codec's header: Kaldi's
     if (info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
-      DecodeOnHost(m, info, r0, n, cols, dst);
+      DecodeOnHost(m, r0, n, cols, dst);
       return;
     }
     DecodeOp op;
@@ -343,11 +350,10 @@ class ProgramBuilder {
     }
   }
 
-  // A few rows of CM decoded here, bit for bit as the CPU assembler does, and copied like
-  // dense values.
-  void DecodeOnHost(const CompressedDense& m, const kaldi::ObjectInfo& info, uint64_t r0, uint64_t n, uint64_t cols,
-                    uint64_t dst) {
-    kaldi::Window w;
+  // Rows decoded here by their codec, bit for bit as the CPU assembler does (a few rows of CM,
+  // or a payload no device kernel decodes), and copied like dense values.
+  void DecodeOnHost(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    CompressedWindow w;
     w.row0 = m.row0 + static_cast<int64_t>(r0);
     w.rows = static_cast<int64_t>(n);
     w.col0 = m.col0;
@@ -361,9 +367,8 @@ class ProgramBuilder {
     }
     std::byte* rows_at = prog_.host_decoded.back().data() + decoded_used_;
     decoded_used_ += bytes;
-    const std::string_view object(m.object, info.size);
-    if (vb_ == 4) kaldi::DecodeMatrix<float>(object, 0, info, w, reinterpret_cast<float*>(rows_at));
-    else kaldi::DecodeMatrix<double>(object, 0, info, w, reinterpret_cast<double*>(rows_at));
+    if (vb_ == 4) DecodeCompressed(m, w, reinterpret_cast<float*>(rows_at));
+    else DecodeCompressed(m, w, reinterpret_cast<double*>(rows_at));
     const bool follows = !prog_.packs.empty() && static_cast<const std::byte*>(prog_.packs.back().src) +
                                                          prog_.packs.back().bytes == rows_at;
     uint64_t at = cursor_;

@@ -84,7 +84,7 @@ struct StreamView {
   const std::byte* const* indices_in_place = nullptr;  // per slot, when in place (CBF)
   const std::byte* const* values_in_place = nullptr;
   const std::byte* const* dense_in_place = nullptr;  // dense: per slot, when in place
-  bool compressed = false;                           // dense: left compressed (Kaldi CM)
+  bool compressed = false;                           // dense: left for the assembler (Kaldi CM, HTK)
   bool one_sample_each = false;                      // sequence_begin[i] == i
 
   template <typename T>
@@ -366,7 +366,7 @@ class StreamAssembly {
       if (zero_tails_ && c < T_len_) std::memset(at + c * row_values, 0, (T_len_ - c) * row_values * sizeof(T));
       if (c == 0) continue;
       if (L_.format == StreamFormat::kDense && view.compressed) {
-        ps.DecodeDense<T>(p.slot, b, c, at);  // Kaldi CM, CM2, CM3 left compressed
+        ps.DecodeDense<T>(p.slot, b, c, at);  // left for the assembler (Kaldi CM, HTK frames)
         continue;
       }
       if (L_.format == StreamFormat::kDense) {

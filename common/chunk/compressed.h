@@ -1,9 +1,10 @@
 // compressed.h: dense values a parsed chunk leaves compressed for the assembler to decode
 // (ParsedStream::compressed), and the registry of their codecs. The chunk layer knows no
 // format: a payload carries the tag of its codec and the codec's own header as opaque
-// bytes; the format that owns the encoding (Kaldi: CM, CM2, CM3) registers the decoder and
-// fills the header. The CUDA assembler, which decodes such payloads on the device, reads
-// the header through the owning format's own accessor.
+// bytes; the format that owns the encoding (Kaldi: CM, CM2, CM3; HTK: frames, big-endian
+// or _C, and their context windows) registers the decoder and fills the header. The CUDA
+// assembler decodes Kaldi's payloads on the device, reading the header through Kaldi's own
+// accessor, and any other codec's on the host as the CPU assembler does.
 #pragma once
 
 #include <cstddef>

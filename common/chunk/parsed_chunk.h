@@ -57,7 +57,7 @@ struct ParsedStream {
   // and the Dataset that parsed it live. Read dense values through DenseSamples().
   HugeVector<const std::byte*> in_place;
   // Dense values left compressed (Dataset opened with compressed_in_place): per parsed
-  // sequence, its payload (Kaldi CM, CM2, CM3); empty otherwise. Read them through DecodeDense(), not DenseSamples().
+  // sequence, its payload (Kaldi CM, CM2, CM3; HTK frames and their windows); empty otherwise. Read them through DecodeDense(), not DenseSamples().
   std::vector<CompressedDense> compressed;
   // Sparse entries used where they lie in the input (CBF, ctf2bin's layout: the chunk's
   // bytes as read, ParsedChunk::file_bytes): per parsed sequence, the address of its first

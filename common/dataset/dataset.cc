@@ -225,8 +225,8 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseJoinedChunk(uint64_t 
   // A source whose values all lie ready in its input (Kaldi FM/DM in the dataset's
   // precision) is not decoded: the chunk points at them.
   // where[s]: per sequence of the chunk, its values in source s's input; empty when source s decodes.
-  // With compressed_in_place, a source whose matrices are all compressed (Kaldi CM, CM2,
-  // CM3) is not decoded either: the chunk keeps where they lie, for the assembler.
+  // With compressed_in_place, a source whose entries are all left for the assembler (Kaldi
+  // CM, CM2, CM3; HTK features) is not decoded either: the chunk keeps where they lie.
   std::vector<bool> in_place(ns, false), compressed(ns, false);
   std::vector<HugeVector<const std::byte*>> where(ns);
   std::vector<std::vector<CompressedDense>> matrices(ns);

@@ -43,10 +43,11 @@ struct DatasetOpenOptions {
   Diagnostics::Sink diagnostics_sink;  // default: stderr
   // Replaces the configured maxErrors (`conveyor inspect` counts every error).
   std::optional<uint64_t> max_errors_override;
-  // Kaldi compressed matrices (CM, CM2, CM3) stay compressed in parsed chunks
-  // (ParsedStream::compressed): the CUDA assembler decodes them on the device, so the parser
-  // threads only locate them. Any assembler reads such chunks (the CPU one decodes). Not
-  // applied to datasets configured to read frames (frameMode: true): see dataset.cc.
+  // Values a format leaves for the assembler to decode (ParsedStream::compressed): Kaldi
+  // compressed matrices (CM, CM2, CM3), which the CUDA assembler decodes on the device, and
+  // HTK features, whose context windows are built as they are written into the batch; the
+  // parser threads only locate them. Any assembler reads such chunks (the CPU one decodes as
+  // it copies). Not applied to datasets configured to read frames (frameMode: true): see dataset.cc.
   bool compressed_in_place = false;
 };
 
@@ -107,7 +108,8 @@ class Deserializer {
   virtual bool Compressed(size_t, CompressedDense*) const { return false; }
   // Bytes a parsed sequence holds per input byte, when far above 1 (an HTK context window
   // repeats every frame window-fold): chunks are cut smaller by as much, so that a chunk's
-  // parsed size, not its input, stays near chunkSizeInBytes.
+  // parsed size, not its input, stays near chunkSizeInBytes (the same chunks when the values
+  // are left for the assembler: the output does not depend on it).
   virtual uint64_t expansion() const { return 1; }
   // Its samples are frames that pair one to one with the other deserializers' (HTK
   // features and MLF labels describe the same frames): a joined sequence whose streams'

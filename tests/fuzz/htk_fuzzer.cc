@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
@@ -41,7 +42,9 @@ void Write(const std::string& path, std::string_view bytes) {
 }
 
 // data[0] and data[1]: the window's left and right context (0-5 frames each); data[2]: a
-// second scp entry over frames [0, data[2] / 2] when odd. The rest: the feature file.
+// second scp entry over frames [0, data[2] / 4] when bit 0 is set, and the frames left in the
+// file for the assembler (compressed_in_place, as the daemon opens datasets) and decoded from
+// there, windows and all, when bit 1 is. The rest: the feature file.
 void DecodeThroughADataset(const uint8_t* data, size_t size) {
   const int left = data[0] % 6, right = data[1] % 6;
   const std::string_view file(reinterpret_cast<const char*>(data) + 3, size - 3);
@@ -51,7 +54,7 @@ void DecodeThroughADataset(const uint8_t* data, size_t size) {
   const std::string& dir = Dir();
   Write(dir + "/f.htk", file);
   std::string scp = "u=.../f.htk\n";
-  if (data[2] & 1) absl::StrAppend(&scp, "v=.../f.htk[0,", data[2] / 2, "]\n");
+  if (data[2] & 1) absl::StrAppend(&scp, "v=.../f.htk[0,", data[2] / 4, "]\n");
   Write(dir + "/f.scp", scp);
   const std::string yaml = absl::StrCat(
       "datasets:\n  h:\n    randomize: false\n    maxErrors: 1000000\n    deserializers:\n"
@@ -62,10 +65,22 @@ void DecodeThroughADataset(const uint8_t* data, size_t size) {
   conveyor::DatasetOpenOptions options;
   options.index_threads = 1;
   options.diagnostics_sink = [](conveyor::Severity, const std::string&) {};
+  options.compressed_in_place = (data[2] & 2) != 0;
   auto dataset = conveyor::Dataset::Open(config->datasets[0], options);
   if (!dataset.ok()) return;
   const size_t chunks = (*dataset)->index().chunks.size();
-  for (size_t c = 0; c < chunks && c < 64; ++c) (void)(*dataset)->ParseChunk(c);
+  std::vector<float> rows;
+  for (size_t c = 0; c < chunks && c < 64; ++c) {
+    auto chunk = (*dataset)->ParseChunk(c);
+    if (!chunk.ok()) continue;
+    // Every utterance's rows as an assembler reads them (decoded here when left in the file).
+    for (const conveyor::ParsedStream& ps : (*chunk)->streams) {
+      for (uint32_t slot = 0; slot + 1 < ps.sequence_begin.size(); ++slot) {
+        rows.resize(ps.num_samples(slot) * ps.dim);
+        ps.DecodeDense<float>(slot, 0, ps.num_samples(slot), rows.data());
+      }
+    }
+  }
 }
 
 }  // namespace

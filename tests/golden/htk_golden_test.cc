@@ -8,11 +8,13 @@
 
 #include <tuple>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/batch/assembler.h"
+#include "common/chunk/compressed.h"
 #include "common/config/config_loader.h"
 #include "common/formats/htk/htk_features.h"
 #include "common/formats/htk/mlf.h"
@@ -211,20 +213,26 @@ datasets:
   const std::string path = dir.Write("c.yaml", yaml);
   auto config = LoadConfigFile(path);
   ASSERT_TRUE(config.ok()) << config.status();
-  auto dump = DumpDataset(config->datasets[0], ReadOptions());
-  ASSERT_TRUE(dump.ok()) << dump.status();
-  // Frame 0 = (2, 2), frame 1 = (3, -1); windows of 3 replicate the edges.
-  EXPECT_EQ(*dump,
-            "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2,2,2,3,-1],[2,2,3,-1,3,-1]]},"
-            "\"y\":{\"ids\":[[1],[0]]}}}\n");
-  // Without a context window (dim = the files' 2 values) frames decode as they are.
-  std::string plain = yaml;
-  plain.replace(plain.find("dim: 6, contextWindow: 3"), 24, "dim: 2");
-  auto one = LoadConfigFile(dir.Write("c1.yaml", plain));
-  ASSERT_TRUE(one.ok()) << one.status();
-  auto dump1 = DumpDataset(one->datasets[0], ReadOptions());
-  ASSERT_TRUE(dump1.ok()) << dump1.status();
-  EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
+  // Decoded into the chunk, and left in the file for the assembler (as the daemon reads).
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "left for the assembler" : "decoded into the chunk");
+    ReadOptions ro;
+    ro.compressed_in_place = in_place;
+    auto dump = DumpDataset(config->datasets[0], ro);
+    ASSERT_TRUE(dump.ok()) << dump.status();
+    // Frame 0 = (2, 2), frame 1 = (3, -1); windows of 3 replicate the edges.
+    EXPECT_EQ(*dump,
+              "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2,2,2,3,-1],[2,2,3,-1,3,-1]]},"
+              "\"y\":{\"ids\":[[1],[0]]}}}\n");
+    // Without a context window (dim = the files' 2 values) frames decode as they are.
+    std::string plain = yaml;
+    plain.replace(plain.find("dim: 6, contextWindow: 3"), 24, "dim: 2");
+    auto one = LoadConfigFile(dir.Write("c1.yaml", plain));
+    ASSERT_TRUE(one.ok()) << one.status();
+    auto dump1 = DumpDataset(one->datasets[0], ro);
+    ASSERT_TRUE(dump1.ok()) << dump1.status();
+    EXPECT_EQ(*dump1, "{\"epoch\":0,\"batch\":0,\"key\":\"uttA\",\"streams\":{\"x\":{\"dense\":[[2,2],[3,-1]]},\"y\":{\"ids\":[[1],[0]]}}}\n");
+  }
 }
 
 // A feature file rewritten in place while its dataset is open (features extracted again over
@@ -286,7 +294,8 @@ datasets:
 
 // Uncompressed big-endian frames decode in one pass per utterance (vectorized swap; in
 // blocks when widened to double): every value exact, in float and double, with and without
-// a context window, on utterances longer than the widening block.
+// a context window, on utterances longer than the widening block; decoded into the chunk, or
+// left in the file and decoded, windows and all, as the batch is assembled.
 TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
   TempDir dir;
   const int frames = 300, d = 3;
@@ -295,12 +304,14 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
   dir.Write("f.htk", BigEndianHtk(frames, 100000, 4 * d, 9, values));
   // c: an utterance shorter than the widest window (every frame of it is at an edge).
   dir.Write("f.scp", "a=.../f.htk[0,199]\nb=.../f.htk[200,299]\nc=.../f.htk[5,7]\n");
-  for (const char* precision : {"float", "double"}) {
+  for (auto [precision, in_place] : {std::make_pair("float", false), std::make_pair("double", false),
+                                     std::make_pair("float", true), std::make_pair("double", true)}) {
     // No window, symmetric windows as one number, and lopsided ones as [left, right].
     for (auto [left, right] : {std::make_pair(0, 0), std::make_pair(1, 1), std::make_pair(5, 5),
                                std::make_pair(2, 0), std::make_pair(1, 3)}) {
       const int window = left + 1 + right;
-      SCOPED_TRACE(absl::StrCat(precision, " window [", left, ", ", right, "]"));
+      SCOPED_TRACE(absl::StrCat(precision, " window [", left, ", ", right, "]",
+                                in_place ? ", left for the assembler" : ", decoded into the chunk"));
       const std::string context = window == 1       ? ""
                                   : left == right ? absl::StrCat(", contextWindow: ", window)
                                                   : absl::StrCat(", contextWindow: [", left, ", ", right, "]");
@@ -308,7 +319,9 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
           "datasets:\n  h:\n    randomize: false\n    precision: ", precision, "\n    deserializers:\n"
           "      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: ", d * window, context, "}}\n")));
       ASSERT_TRUE(config.ok()) << config.status();
-      auto dump = DumpDataset(config->datasets[0], ReadOptions());
+      ReadOptions ro;
+      ro.compressed_in_place = in_place;
+      auto dump = DumpDataset(config->datasets[0], ro);
       ASSERT_TRUE(dump.ok()) << dump.status();
       std::string want;
       for (auto [key, first, last] :
@@ -329,6 +342,122 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
         want += "]}}}\n";
       }
       EXPECT_EQ(*dump, want);
+    }
+  }
+}
+
+// The daemon and the CLI open datasets with compressed_in_place: an HTK chunk then holds only
+// where each utterance's frames lie, and the assembler decodes them, building the context
+// windows as it writes the batch. Every batch must be the one decoding into the chunk gives:
+// big- and little-endian float32 files and a _C one, whole files and frame ranges (one frame,
+// two, shorter than the window), no window, symmetric and lopsided ones, float and double,
+// utterances and frames randomized, truncated BPTT, a rank of two, narrowed to float16.
+TEST(Htk, FramesLeftForTheAssemblerDeliverTheSameBatches) {
+  TempDir dir;
+  const int d = 5;
+  auto values = [&](int frames, int salt) {
+    std::vector<float> v(static_cast<size_t>(frames) * d);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 37 + salt) % 1009) * 0.125f - 60.0f;
+    return v;
+  };
+  dir.Write("be.htk", BigEndianHtk(300, 100000, 4 * d, 9, values(300, 1)));
+  // Little endian: the same header fields, unswapped (told apart by the smaller period).
+  std::string le;
+  for (int32_t v : {120, 100000}) le.append(reinterpret_cast<const char*>(&v), 4);
+  const int16_t sample_bytes = 4 * d, kind = 9;
+  le.append(reinterpret_cast<const char*>(&sample_bytes), 2);
+  le.append(reinterpret_cast<const char*>(&kind), 2);
+  for (float f : values(120, 2)) le.append(reinterpret_cast<const char*>(&f), 4);
+  dir.Write("le.htk", le);
+  // _C: A and B (d floats each, the room of 4 samples of d int16), then 80 frames of int16.
+  std::vector<float> ab;
+  for (int j = 0; j < d; ++j) ab.push_back(1.5f + j);
+  for (int j = 0; j < d; ++j) ab.push_back(-3.0f + 2 * j);
+  std::string c = BigEndianHtk(4 + 80, 100000, 2 * d, 9 | 02000, ab);
+  for (int i = 0; i < 80 * d; ++i) {
+    const uint16_t be = __builtin_bswap16(static_cast<uint16_t>(static_cast<int16_t>((i * 131) % 20000 - 10000)));
+    c.append(reinterpret_cast<const char*>(&be), 2);
+  }
+  dir.Write("c.htk", c);
+  dir.Write("f.scp",
+            "a=.../be.htk[0,99]\nb=.../be.htk[100,101]\nc=.../be.htk[102,299]\nd=.../le.htk\ne=.../le.htk[3,3]\n"
+            "f=.../c.htk\ng=.../c.htk[10,40]\nh=.../be.htk[7,9]\n");
+  for (auto [left, right] : {std::make_pair(0, 0), std::make_pair(5, 5), std::make_pair(2, 0), std::make_pair(1, 3)}) {
+    for (const char* precision : {"float", "double"}) {
+      const int window = left + 1 + right;
+      auto config = LoadConfigFile(dir.Write("c.yaml", absl::StrCat(
+          "datasets:\n  h:\n    precision: ", precision, "\n    deserializers:\n"
+          "      - type: HTKFeature\n        chunkSizeInBytes: 2000\n"
+          "        input: {x: {scpFile: f.scp, dim: ", d * window, ", contextWindow: [", left, ", ", right, "]}}\n")));
+      ASSERT_TRUE(config.ok()) << config.status();
+      for (int mode = 0; mode < 5; ++mode) {
+        if (mode == 4 && std::string(precision) == "double") continue;  // float16 narrows float datasets
+        SCOPED_TRACE(absl::StrCat("window [", left, ", ", right, "] ", precision, " mode ", mode));
+        ReadOptions ro;
+        ro.minibatch_size = 150;
+        ro.epochs = 2;
+        ro.request.randomize = true;
+        ro.request.seed = 9;
+        if (mode == 1) {  // frames, randomized
+          ro.request.frame_mode = true;
+          ro.minibatch_size = 64;
+        }
+        if (mode == 2) {  // truncated BPTT
+          ro.request.truncation = 7;
+          ro.request.parallel = 3;
+        }
+        if (mode == 3) {  // rank 1 of 2, in file order
+          ro.request.randomize = false;
+          ro.request.rank = 1;
+          ro.request.world = 2;
+        }
+        if (mode == 4) ro.request.value_dtypes["x"] = DType::kFloat16;
+        ro.threads = 1 + mode % 3;
+        auto decoded = DumpDataset(config->datasets[0], ro);
+        ASSERT_TRUE(decoded.ok()) << decoded.status();
+        ro.compressed_in_place = true;
+        auto kept = DumpDataset(config->datasets[0], ro);
+        ASSERT_TRUE(kept.ok()) << kept.status();
+        EXPECT_GT(decoded->size(), 1000u);
+        EXPECT_TRUE(*kept == *decoded) << "first difference at byte "
+                                       << std::mismatch(kept->begin(), kept->end(), decoded->begin(), decoded->end()).first -
+                                              kept->begin();
+      }
+    }
+  }
+  // The chunks really hold no values (else the comparison above proves nothing), and any
+  // rows and columns of a payload decode to those values: here every row's columns from 3 on
+  // of 11-frame windows (they cut frames), against the chunk decoded at parse time.
+  auto config = LoadConfigFile(dir.Write("w.yaml", absl::StrCat(
+      "datasets:\n  h:\n    randomize: false\n    deserializers:\n      - type: HTKFeature\n"
+      "        input: {x: {scpFile: f.scp, dim: ", d * 11, ", contextWindow: 11}}\n")));
+  ASSERT_TRUE(config.ok()) << config.status();
+  DatasetOpenOptions oo;
+  oo.compressed_in_place = true;
+  auto kept = Dataset::Open(config->datasets[0], oo);
+  auto decoded = Dataset::Open(config->datasets[0]);
+  ASSERT_TRUE(kept.ok() && decoded.ok());
+  ASSERT_EQ((*kept)->index().chunks.size(), 1u);
+  auto kc = (*kept)->SharedChunk(0);
+  auto dc = (*decoded)->SharedChunk(0);
+  ASSERT_TRUE(kc.ok() && dc.ok());
+  const ParsedStream &k = (*kc)->streams[0], &v = (*dc)->streams[0];
+  ASSERT_EQ(k.compressed.size(), 8u);
+  EXPECT_TRUE(k.values_f32.empty());
+  ASSERT_EQ(v.values_f32.size(), (300u + 120 + 1 + 80 + 31 + 3) * 11 * d);  // a-c, d, e, f, g, h
+  for (uint32_t slot = 0; slot < 8; ++slot) {
+    const uint64_t rows = k.num_samples(slot), cols = 11 * d - 3;
+    ASSERT_EQ(rows, v.num_samples(slot));
+    std::vector<float> got(rows * cols);
+    CompressedWindow w;
+    w.row0 = 0;
+    w.rows = static_cast<int64_t>(rows);
+    w.col0 = 3;
+    w.cols = static_cast<int64_t>(cols);
+    DecodeCompressed(k.compressed[slot], w, got.data());
+    for (uint64_t r = 0; r < rows; ++r) {
+      const float* want = v.values_f32.data() + (v.sequence_begin[slot] + r) * 11 * d + 3;
+      ASSERT_EQ(std::memcmp(got.data() + r * cols, want, cols * 4), 0) << "utterance " << slot << " row " << r;
     }
   }
 }

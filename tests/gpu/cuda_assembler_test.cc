@@ -175,5 +175,14 @@ TEST(CudaAssemblerGpu, CompressedKaldiMatricesDecodeOnTheDeviceAsOnTheCpu) {
   EXPECT_GT((*cuda)->stats().decode_ops, 0u) << "no decode op ran on the device";
 }
 
+// HTK features left in their files: the program decodes their rows (context windows built)
+// on the host and copies them like dense values.
+TEST(CudaAssemblerGpu, HtkFramesLeftInTheirFilesMatchTheCpuLoader) {
+  CONVEYOR_REQUIRE_CUDA_DEVICE();
+  auto cuda = CudaAssembler::Create({});
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  conveyor::testing::ExpectHtkFramesMatchTheCpuLoader(cuda->get(), MemoryKind::kDevice);
+}
+
 }  // namespace
 }  // namespace conveyor::gpu

@@ -183,6 +183,16 @@ TEST_P(HostKernels, CompressedKaldiArchivesThroughTheLoaderMatchTheCpuLoader) {
   EXPECT_GT(stats.decode_ops, 0u);
 }
 
+// HTK features left in their files through the pipelined loader: the program decodes them
+// (windows built) on the host, bit for bit as the CPU assembler does.
+TEST_P(HostKernels, HtkFramesThroughTheLoaderMatchTheCpuLoader) {
+  ProgramStats stats;
+  auto host = MakePipelinedAssembler(MakeHostProgramAssembler(launch(), &stats));
+  conveyor::testing::ExpectHtkFramesMatchTheCpuLoader(host.get(), MemoryKind::kHost);
+  host.reset();
+  EXPECT_EQ(stats.decode_ops, 0u);  // none for the device: every row decoded on the host
+}
+
 TEST_P(HostKernels, SparseCtfThroughTheLoaderMatchesTheCpuLoader) {
   auto host = MakePipelinedAssembler(MakeHostProgramAssembler(launch()));
   conveyor::testing::ExpectPipelinedLoaderMatchesTheCpuLoader(conveyor::testing::CtfConfig(), {},

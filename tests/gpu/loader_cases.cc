@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/config/config_loader.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -153,6 +155,79 @@ void ExpectCompressedKaldiMatchesTheCpuLoader(BatchAssembler* assembler, MemoryK
       SCOPED_TRACE(config.deserializers[0].rspecifier + (frames ? " frames" : " utterances") +
                    (mode == 2 ? " in order" : "") + (config.precision == Precision::kDouble ? " double" : " float"));
       ExpectPipelinedLoaderMatchesTheCpuLoader(config, open, lo, assembler, kind);
+    }
+  }
+}
+
+namespace {
+
+// Big-endian HTK: a 12-byte header, then `payload` (float32 frames, or _C's A and B vectors and
+// int16 frames) as given, already big-endian.
+std::string HtkFile(int32_t samples, int16_t sample_bytes, uint16_t kind, const std::string& payload) {
+  std::string out;
+  const uint32_t head[2] = {__builtin_bswap32(static_cast<uint32_t>(samples)), __builtin_bswap32(100000)};
+  const uint16_t tail[2] = {__builtin_bswap16(static_cast<uint16_t>(sample_bytes)), __builtin_bswap16(kind)};
+  out.append(reinterpret_cast<const char*>(head), 8);
+  out.append(reinterpret_cast<const char*>(tail), 4);
+  return out + payload;
+}
+
+std::string BigEndianFloats(const std::vector<float>& v) {
+  std::string out;
+  for (float f : v) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = __builtin_bswap32(u);
+    out.append(reinterpret_cast<const char*>(&u), 4);
+  }
+  return out;
+}
+
+}  // namespace
+
+void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
+  const int d = 6;
+  std::vector<float> frames(400 * d);
+  for (size_t i = 0; i < frames.size(); ++i) frames[i] = static_cast<float>((i * 53) % 997) * 0.25f - 100.0f;
+  std::vector<float> ab;
+  for (int j = 0; j < 2 * d; ++j) ab.push_back(j < d ? 2.0f + j : 1.0f - j);
+  std::string c = BigEndianFloats(ab);
+  for (int i = 0; i < 150 * d; ++i) {
+    const uint16_t v = __builtin_bswap16(static_cast<uint16_t>(static_cast<int16_t>((i * 211) % 30000 - 15000)));
+    c.append(reinterpret_cast<const char*>(&v), 2);
+  }
+  // (Per process, as above.)
+  const std::string f = ProcessTempFile("conveyor_gpu_htk_f.htk"), cf = ProcessTempFile("conveyor_gpu_htk_c.htk");
+  const std::string scp = ProcessTempFile("conveyor_gpu_htk.scp");
+  for (const auto& [path, bytes] : {std::make_pair(f, HtkFile(400, 4 * d, 9, BigEndianFloats(frames))),
+                                    std::make_pair(cf, HtkFile(4 + 150, 2 * d, 9 | 02000, c))}) {
+    if (std::FILE* out = std::fopen(path.c_str(), "wb")) {
+      std::fwrite(bytes.data(), 1, bytes.size(), out);
+      std::fclose(out);
+    }
+  }
+  if (std::FILE* out = std::fopen(scp.c_str(), "w")) {
+    for (int u = 0; u < 20; ++u) std::fprintf(out, "u%d=%s[%d,%d]\n", u, f.c_str(), 20 * u, 20 * u + 19 - u % 7);
+    std::fprintf(out, "c=%s\nc1=%s[3,4]\n", cf.c_str(), cf.c_str());
+    std::fclose(out);
+  }
+  DatasetOpenOptions open;
+  open.compressed_in_place = true;
+  for (const char* context : {"", ", contextWindow: [3, 2]"}) {
+    for (const char* precision : {"float", "double"}) {
+      auto config = ParseConfig(absl::StrCat("datasets:\n  d:\n    precision: ", precision,
+                                             "\n    deserializers:\n      - type: HTKFeature\n        chunkSizeInBytes: 3000\n"
+                                             "        input: {x: {scpFile: \"", scp, "\", dim: ", *context ? 6 * d : d, context, "}}\n"),
+                                "test", "/");
+      ASSERT_TRUE(config.ok()) << config.status();
+      for (int mode = 0; mode < 3; ++mode) {
+        const bool by_frame = mode > 0;
+        LoaderOptions lo = Randomized(by_frame ? 64 : 100, by_frame);
+        lo.planner.randomizer.randomize = mode < 2;
+        SCOPED_TRACE(absl::StrCat(*context ? "window [3, 2]" : "no window", by_frame ? " frames" : " utterances",
+                                  mode == 2 ? " in order " : " ", precision));
+        ExpectPipelinedLoaderMatchesTheCpuLoader(config->datasets[0], open, lo, assembler, kind);
+      }
     }
   }
 }

@@ -1,8 +1,9 @@
 // loader_cases.h: whole-loader comparisons for the assembler tests: a dataset's batches
 // through a pipelined assembler (two in flight, into slots of a given memory kind, as the
 // daemon runs it) must equal the CPU loader's, byte for byte. The datasets: a randomized
-// sparse + dense CTF file, and Kaldi CM, CM2 and CM3 archives (tests/data/kaldi) with an scp
-// row/column range, left compressed in the chunks for the assembler's decode ops.
+// sparse + dense CTF file, Kaldi CM, CM2 and CM3 archives (tests/data/kaldi) with an scp
+// row/column range, left compressed in the chunks for the assembler's decode ops, and HTK
+// features left in their files.
 #pragma once
 
 #include <vector>
@@ -30,5 +31,10 @@ LoaderOptions Randomized(uint64_t minibatch, bool frames);
 // and double), left compressed in the chunks, in utterances, random frames and frames in
 // file order (merged decode runs), through `assembler`.
 void ExpectCompressedKaldiMatchesTheCpuLoader(BatchAssembler* assembler, gpu::MemoryKind kind);
+
+// HTK features left in their files for the assembler (big-endian float32 and _C, no window
+// and context windows; float and double), in utterances, random frames and frames in file
+// order, through `assembler`: a codec no device kernel decodes, decoded on the host.
+void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, gpu::MemoryKind kind);
 
 }  // namespace conveyor::testing
