@@ -197,17 +197,18 @@ class ProgramBuilder {
   uint64_t Pack(const void* src, uint64_t bytes) {
     cursor_ = Align(cursor_, 16);
     const uint64_t at = cursor_;
-    if (bytes > 0) prog_.packs.push_back({src, at, bytes});
+    if (bytes > 0) prog_.packs.push_back({src, at, bytes, nullptr, {}});
     cursor_ += bytes;
     return at;
   }
   // Packs right after the previous pack.
   void PackNext(const void* src, uint64_t bytes) {
-    if (!prog_.packs.empty() && static_cast<const char*>(prog_.packs.back().src) + prog_.packs.back().bytes == src &&
+    if (!prog_.packs.empty() && prog_.packs.back().decode == nullptr &&
+        static_cast<const char*>(prog_.packs.back().src) + prog_.packs.back().bytes == src &&
         prog_.packs.back().dst + prog_.packs.back().bytes == cursor_) {
       prog_.packs.back().bytes += bytes;  // contiguous in the source too: one pack
     } else if (bytes > 0) {
-      prog_.packs.push_back({src, cursor_, bytes});
+      prog_.packs.push_back({src, cursor_, bytes, nullptr, {}});
     }
     cursor_ += bytes;
   }
@@ -358,25 +359,22 @@ class ProgramBuilder {
     w.rows = static_cast<int64_t>(n);
     w.col0 = m.col0;
     w.cols = static_cast<int64_t>(cols);
-    // Into blocks of 64 KiB that never move (packs point at them), back to back, so that
-    // frames decoded one after another also pack and copy as one.
+    // Decoded by PackStaging straight into the staging buffer (not into a buffer of the
+    // program's and copied from there: a second pass over rows that may be window-fold the
+    // input's), right after the rows decoded before them, so that frames decoded one after
+    // another also copy as one (and stay aligned to their values).
     const uint64_t bytes = n * cols * vb_;
-    if (prog_.host_decoded.empty() || decoded_used_ + bytes > prog_.host_decoded.back().size()) {
-      prog_.host_decoded.emplace_back(std::max<uint64_t>(bytes, uint64_t{64} << 10));
-      decoded_used_ = 0;
-    }
-    std::byte* rows_at = prog_.host_decoded.back().data() + decoded_used_;
-    decoded_used_ += bytes;
-    if (vb_ == 4) DecodeCompressed(m, w, reinterpret_cast<float*>(rows_at));
-    else DecodeCompressed(m, w, reinterpret_cast<double*>(rows_at));
-    const bool follows = !prog_.packs.empty() && static_cast<const std::byte*>(prog_.packs.back().src) +
-                                                         prog_.packs.back().bytes == rows_at;
-    uint64_t at = cursor_;
-    if (follows) {
-      PackNext(rows_at, bytes);
-    } else {
-      at = Pack(rows_at, bytes);
-    }
+    const bool follows = !prog_.packs.empty() && prog_.packs.back().decode != nullptr &&
+                         prog_.packs.back().dst + prog_.packs.back().bytes == cursor_;
+    if (!follows) cursor_ = Align(cursor_, 16);
+    const uint64_t at = cursor_;
+    HostPack pack;
+    pack.dst = at;
+    pack.bytes = bytes;
+    pack.decode = &m;
+    pack.window = w;
+    prog_.packs.push_back(pack);
+    cursor_ += bytes;
     AddCopy(&prog_.copies, at, dst, bytes);
   }
 
@@ -397,7 +395,6 @@ class ProgramBuilder {
   // Per stream: its ScanOp, and for CSR streams its TransposeOp (else UINT64_MAX).
   std::vector<uint64_t> scan_of_, transpose_of_;
   uint64_t cursor_ = 0;        // the next free byte of staging
-  uint64_t decoded_used_ = 0;  // bytes of the last host_decoded block in use
   struct CompressedRun {       // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
     const CompressedDense* matrix = nullptr;
     uint64_t r0 = 0, rows = 0, cols = 0, dst = 0;
@@ -429,7 +426,11 @@ absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl
 
 void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   if (!prog.host_arrays.empty()) std::memcpy(staging, prog.host_arrays.data(), prog.host_arrays.size());
-  for (const HostPack& p : prog.packs) std::memcpy(staging + p.dst, p.src, p.bytes);
+  for (const HostPack& p : prog.packs) {
+    if (p.decode == nullptr) std::memcpy(staging + p.dst, p.src, p.bytes);
+    else if (prog.value_bytes == 4) DecodeCompressed(*p.decode, p.window, reinterpret_cast<float*>(staging + p.dst));
+    else DecodeCompressed(*p.decode, p.window, reinterpret_cast<double*>(staging + p.dst));
+  }
   if (!prog.copies.empty()) std::memcpy(staging + prog.copies_at, prog.copies.data(), prog.copies.size() * sizeof(CopyItem));
   if (!prog.csc_pieces.empty()) {
     std::memcpy(staging + prog.csc_pieces_at, prog.csc_pieces.data(), prog.csc_pieces.size() * sizeof(CscPieceOp));

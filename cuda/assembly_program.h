@@ -28,6 +28,7 @@
 #include "common/batch/assembler.h"
 #include "common/batch/batch_layout.h"
 #include "common/batch/value_conversion.h"
+#include "common/chunk/compressed.h"
 #include "cuda/kernels/program_ops.h"
 
 namespace conveyor::gpu {
@@ -37,10 +38,14 @@ namespace conveyor::gpu {
 // frame, measured by bench/staging_bench).
 inline constexpr uint64_t kCm1DeviceMinRows = 4;
 
-// Bytes of the parsed chunks that go into the staging buffer.
+// Bytes of the parsed chunks that go into the staging buffer: copied from `src`, or, where
+// `decode` is set, rows a codec decodes straight into the staging buffer (a few rows of CM, or
+// a payload no device kernel decodes: HTK frames), bit for bit as the CPU assembler does.
 struct HostPack {
   const void* src = nullptr;
   uint64_t dst = 0, bytes = 0;
+  const CompressedDense* decode = nullptr;  // in a chunk of the program's pieces
+  CompressedWindow window;
 };
 
 struct AssemblyProgram {
@@ -58,9 +63,6 @@ struct AssemblyProgram {
   std::vector<ScatterOp> scatters;
   std::vector<TransposeOp> transposes;
   std::vector<DecodeOp> decodes;
-  // Rows of compressed matrices decoded on the host instead (a CM run too short to be worth
-  // its column headers), packed from here like any chunk data.
-  std::vector<std::vector<std::byte>> host_decoded;
   // Narrowed values: steps 1-7 build the float32 twin (wide_bytes) at scratch offset wide_at,
   // then the narrow ops fill the slot from it. Empty otherwise.
   std::vector<NarrowOp> narrows;
@@ -80,8 +82,9 @@ struct ProgramStats {
 // match the plan), ResourceExhausted (a CSR stream past int32 offsets).
 absl::StatusOr<AssemblyProgram> BuildAssemblyProgram(const BatchPlan& plan, absl::Span<const PieceRef> pieces);
 
-// Writes the staging buffer (program.staging_bytes bytes): host arrays, packed chunk data,
-// descriptor arrays.
+// Writes the staging buffer (program.staging_bytes bytes): host arrays, packed chunk data
+// (rows decoded on the host decoded there), descriptor arrays. The chunks of the pieces the
+// program was built from must still be held.
 void PackStaging(const AssemblyProgram& program, std::byte* staging);
 
 }  // namespace conveyor::gpu
