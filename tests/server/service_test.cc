@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "client/cpp/conveyor_client.h"
 #include "client/cpp/shared_segment.h"
 #include "common/batch/dump_writer.h"
@@ -149,6 +150,45 @@ TEST(Service, SubscribeDeliversWhatDumpPrintsOverTcpAndUnix) {
     auto got = Drain(sub->get());
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, expected) << address;
+  }
+}
+
+// HTK features with an 11-frame context window and MLF labels (the AN4 subset of tests/data):
+// the daemon leaves the frames in the file and builds the windows as it assembles, and what
+// arrives, inline and through shared memory, utterances and frames, is what decoding into
+// the chunk gives (the local dump).
+TEST(Service, HtkWindowsBuiltAtAssemblyArriveAsDumpPrintsThem) {
+  TempDir dir;
+  const std::string an4 = TestdataDir() + "/cntk/HTK/an4_first3_reconstructed";
+  const std::string config = dir.Write("htk.yaml", absl::StrCat(R"(datasets:
+  an4:
+    deserializers:
+      - type: HTKFeature
+        chunkSizeInBytes: 100000
+        input: {features: {scpFile: ")", an4, R"(/an4_first3.scp", dim: 363, contextWindow: 11}}
+      - type: HTKMLF
+        input: {labels: {mlfFile: ")", an4, R"(/an4_first3.mlf", labelMappingFile: ")", an4,
+                                                                R"(/state.list", labelDim: 132}}
+)"));
+  Daemon d({}, config);
+  auto client = Client::Connect(d.unix_socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (bool frames : {false, true}) {
+    for (bool shm : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(frames ? "frames" : "utterances", shm ? ", shared memory" : ", inline"));
+      v1::Subscribe s = Sub("an4", frames ? 128 : 500);
+      s.set_frame_mode(frames);
+      if (shm) s.set_transport(v1::TRANSPORT_SHARED_MEMORY);
+      auto sub = (*client)->Subscribe(s);
+      ASSERT_TRUE(sub.ok()) << sub.status();
+      auto got = Drain(sub->get());
+      ASSERT_TRUE(got.ok()) << got.status();
+      StreamRequest extra;
+      extra.frame_mode = frames;
+      const std::string want = LocalDump("an4", frames ? 128 : 500, extra, config);
+      EXPECT_GT(want.size(), 100000u);
+      EXPECT_EQ(*got, want);
+    }
   }
 }
 
