@@ -5,6 +5,7 @@
 // the binary MLF mlf2.bin decodes to exactly the text MLF; headers, compressed (_C) files,
 // scp forms, MLF errors and truncations by hand.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <tuple>
 
@@ -290,6 +291,45 @@ datasets:
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.status().message().find("the file was changed after it was opened"), std::string::npos)
       << again.status();
+}
+
+// A feature file cut short while a dataset that leaves frames in their files reads it (the
+// daemon's way): a batch of utterances located before the cut is DataLoss naming the file,
+// not a SIGBUS, and the dataset stays failed.
+TEST(Htk, AFeatureFileCutShortWhileFramesAreReadInPlaceIsAnErrorNotACrash) {
+  TempDir dir;
+  const int utterances = 40, frames = 100, d = 20;
+  std::vector<float> v(static_cast<size_t>(utterances) * frames * d);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 1000);
+  const std::string path = dir.Write("f.htk", BigEndianHtk(utterances * frames, 100000, 4 * d, 9, v));
+  std::string scp;
+  for (int u = 0; u < utterances; ++u) absl::StrAppend(&scp, "u", u, "=.../f.htk[", u * frames, ",", u * frames + frames - 1, "]\n");
+  dir.Write("f.scp", scp);
+  auto config = LoadConfigFile(dir.Write("h.yaml", absl::StrCat(
+      "datasets:\n  h:\n    randomize: false\n    deserializers:\n      - type: HTKFeature\n"
+      "        input: {x: {scpFile: f.scp, dim: ", 3 * d, ", contextWindow: 3}}\n")));
+  ASSERT_TRUE(config.ok()) << config.status();
+  DatasetOpenOptions oo;
+  oo.compressed_in_place = true;
+  auto ds = Dataset::Open(config->datasets[0], oo);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  auto cpu = MakeCpuAssembler();
+  LoaderOptions lo;
+  lo.planner.minibatch_size = frames;  // one utterance a batch
+  auto loader = Loader::Create(ds->get(), cpu.get(), lo);
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  Batch b;
+  auto more = (*loader)->Next(&b);
+  ASSERT_TRUE(more.ok() && *more) << more.status();
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);  // utterance 0's first frames stay
+  absl::Status st;
+  for (int i = 0; i < 3 && st.ok(); ++i) {
+    more = (*loader)->Next(&b);
+    st = more.status();
+  }
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find(path + ": the file was cut short after it was opened"), std::string::npos) << st;
+  EXPECT_EQ((*ds)->CheckReads().code(), absl::StatusCode::kDataLoss);
 }
 
 // Uncompressed big-endian frames decode in one pass per utterance (vectorized swap; in
