@@ -130,10 +130,10 @@ void LoadFloats(const char* p, size_t n, bool big_endian, double* out) {
 // An utterance's frames left in the file for the assembler to decode (CompressedDense,
 // chunk/compressed.h), its context windows built as they are written into the batch. Decoded
 // into the chunk, every value was written there and read back before the batch's copy, and a
-// window's values window-fold (3.1-4.5x slower through `conveyor bench` with 11-frame windows,
-// 1.6-2x without, bench/RESULTS.md); left in place, the file's bytes are read and the batch's
+// window's values window-fold (3.5-4.2x slower through `conveyor bench` with 11-frame windows,
+// 1.7-1.8x without, bench/RESULTS.md); left in place, the file's bytes are read and the batch's
 // written once. The payload's object is the file's first byte; this header, the rest.
-struct WindowPayload {
+struct FramesPayload {
   uint64_t first = 0;     // bytes from the file's first byte to the utterance's first frame
   int64_t frames = 0;     // the utterance's frames
   uint32_t dim = 0;       // values a frame
@@ -142,9 +142,10 @@ struct WindowPayload {
   uint8_t compressed = 0;  // _C: int16 values, the A and B vectors 12 bytes into the file
 };
 
-// Values [j0, j0 + n) of frame f of `p`, decoded as Decode does.
+// Values [j0, j0 + n) of frame f of `p` (uncompressed, n may run on into the frames after it), decoded
+// as Decode does.
 template <typename T>
-void LoadFrameValues(const char* file, const WindowPayload& p, int64_t f, uint32_t j0, uint32_t n, T* out) {
+void LoadFrameValues(const char* file, const FramesPayload& p, int64_t f, uint64_t j0, size_t n, T* out) {
   if (!p.compressed) {
     LoadFloats(file + p.first + (static_cast<uint64_t>(f) * p.dim + j0) * 4, n, p.big_endian, out);
     return;
@@ -152,7 +153,7 @@ void LoadFrameValues(const char* file, const WindowPayload& p, int64_t f, uint32
   const char* x = file + p.first + (static_cast<uint64_t>(f) * p.dim + j0) * 2;
   const char* a = file + 12 + uint64_t{4} * j0;
   const char* b = a + uint64_t{4} * p.dim;
-  for (uint32_t j = 0; j < n; ++j) {
+  for (size_t j = 0; j < n; ++j) {
     const float v = static_cast<float>(Load<int16_t>(x + 2 * j, p.big_endian));
     out[j] = static_cast<T>((v + Load<float>(b + 4 * j, p.big_endian)) / Load<float>(a + 4 * j, p.big_endian));
   }
@@ -161,32 +162,32 @@ void LoadFrameValues(const char* file, const WindowPayload& p, int64_t f, uint32
 // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of an utterance's windows: row t is
 // frames t - left .. t + right (the edge frames repeated), dim values each.
 template <typename T>
-void DecodeWindows(const char* file, const CompressedHeader& header, const CompressedWindow& w, T* out) {
-  const WindowPayload p = header.Load<WindowPayload>();
+void DecodeFrames(const char* file, const CompressedHeader& header, const CompressedWindow& w, T* out) {
+  const FramesPayload p = header.Load<FramesPayload>();
   const int64_t width = p.left + 1 + p.right;
   const uint64_t row_values = static_cast<uint64_t>(width) * p.dim;
   const bool whole_rows = w.col0 == 0 && static_cast<uint64_t>(w.cols) == row_values;
   if (whole_rows && width == 1 && !p.compressed) {  // no window: the rows lie back to back
-    LoadFrameValues(file, p, w.row0, 0, static_cast<uint32_t>(w.rows * p.dim), out);
+    LoadFrameValues(file, p, w.row0, 0, static_cast<size_t>(w.rows) * p.dim, out);
     return;
   }
   for (int64_t t = w.row0; t < w.row0 + w.rows; ++t, out += w.cols) {
     if (whole_rows && !p.compressed && t - p.left >= 0 && t + p.right < p.frames) {
-      LoadFrameValues(file, p, t - p.left, 0, static_cast<uint32_t>(row_values), out);  // frames back to back
+      LoadFrameValues(file, p, t - p.left, 0, row_values, out);  // frames back to back
       continue;
     }
     for (int64_t k = 0; k < width; ++k) {  // frame t - left + k: columns [k * dim, (k + 1) * dim)
       const int64_t c0 = std::max<int64_t>(w.col0, k * p.dim), c1 = std::min<int64_t>(w.col0 + w.cols, (k + 1) * p.dim);
       if (c0 >= c1) continue;
       const int64_t f = std::min(std::max<int64_t>(t - p.left + k, 0), p.frames - 1);
-      LoadFrameValues(file, p, f, static_cast<uint32_t>(c0 - k * p.dim), static_cast<uint32_t>(c1 - c0), out + (c0 - w.col0));
+      LoadFrameValues(file, p, f, static_cast<uint64_t>(c0 - k * p.dim), static_cast<size_t>(c1 - c0), out + (c0 - w.col0));
     }
   }
 }
 
-uint32_t WindowCodecTag() {
+uint32_t FramesCodecTag() {
   static const uint32_t tag =
-      RegisterCompressedCodec(CompressedCodec{"HTKContextWindow", &DecodeWindows<float>, &DecodeWindows<double>});
+      RegisterCompressedCodec(CompressedCodec{"HTKFeatures", &DecodeFrames<float>, &DecodeFrames<double>});
   return tag;
 }
 
@@ -357,7 +358,7 @@ class HtkFeatureSource final : public Deserializer {
   bool Compressed(size_t i, CompressedDense* m) const override {
     const Entry& e = entries_[i];
     const File& f = files_[e.file];
-    WindowPayload p;
+    FramesPayload p;
     p.first = f.header.data_offset + static_cast<uint64_t>(e.first) * static_cast<uint64_t>(f.header.sample_bytes);
     p.frames = e.frames;
     p.dim = feat_dim_;
@@ -366,7 +367,7 @@ class HtkFeatureSource final : public Deserializer {
     p.big_endian = f.header.big_endian ? 1 : 0;
     p.compressed = f.header.compressed ? 1 : 0;
     m->object = f.map->bytes().data();
-    m->info.codec = WindowCodecTag();
+    m->info.codec = FramesCodecTag();
     m->info.Store(p);
     m->row0 = 0;
     m->col0 = 0;
