@@ -6,11 +6,15 @@
 // sparse float streams of dim 50000, 15 entries a one-sample sequence), 64 MiB in 8 MiB chunks
 // (past the last-level cache, as a file read from the page cache is): ParseCbfChunk of every
 // chunk, which checks every count and index and leaves the entries where they lie; and that
-// index check alone by variant (scalar, SSE2, AVX2), over one chunk held in cache.
+// index check alone by variant (scalar, SSE2, AVX2), over one chunk held in cache. HTK frames,
+// with and without a context window, decoded into the chunk and copied, or at assembly.
 //   build/bench/format_bench [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
 // Throughput is MB/s of archive bytes (counters "bytes_per_second").
 #include <benchmark/benchmark.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -18,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config/config_loader.h"
+#include "common/dataset/dataset.h"
 #include "common/formats/cbf/cbf_layout.h"
 #include "common/formats/cbf/cbf_reader.h"
 #include "common/formats/kaldi/kaldi_table.h"
@@ -209,6 +215,91 @@ void BM_CbfIndexCheckAvx2(benchmark::State& state, uint64_t nnz) {
 BENCHMARK_CAPTURE(BM_CbfIndexCheckAvx2, avx2_15, 15);
 BENCHMARK_CAPTURE(BM_CbfIndexCheckAvx2, avx2_33, 33);
 #endif
+
+// HTK: 1600 utterances of 300 big-endian frames of 33 values (63 MB) in one archive, read as a
+// dataset, every utterance written into a rotating 32 MiB batch buffer (past the caches, as a
+// batch is): decoded into the parsed chunk and then copied out (frameMode datasets, and every
+// read before 2026-12-07), or left in the file and decoded by the assembler's codec straight
+// into the buffer (the daemon's and the CLI's reads); without a window and with 11 frames.
+class HtkArchive {
+ public:
+  HtkArchive() {
+    char dir[] = "/tmp/conveyor-format-bench.XXXXXX";
+    if (mkdtemp(dir) == nullptr) return;
+    dir_ = dir;
+    const int utterances = 1600, frames = 300, dim = 33;
+    std::string htk;
+    auto be32 = [&htk](uint32_t v) { Put<uint32_t>(&htk, __builtin_bswap32(v)); };
+    be32(utterances * frames);
+    be32(100000);
+    Put<uint16_t>(&htk, __builtin_bswap16(static_cast<uint16_t>(4 * dim)));
+    Put<uint16_t>(&htk, __builtin_bswap16(9));
+    for (int i = 0; i < utterances * frames * dim; ++i) {
+      const float f = static_cast<float>(i % 1013) * 0.01f;
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      be32(u);
+    }
+    std::ofstream(dir_ + "/f.htk", std::ios::binary) << htk;
+    std::ofstream scp(dir_ + "/f.scp");
+    for (int u = 0; u < utterances; ++u) scp << "u" << u << "=f.htk[" << u * frames << "," << u * frames + frames - 1 << "]\n";
+    bytes_ = htk.size() - 12;
+  }
+  ~HtkArchive() {
+    for (const char* name : {"/f.htk", "/f.scp"}) std::remove((dir_ + name).c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  const std::string& dir() const { return dir_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string dir_;
+  uint64_t bytes_ = 0;
+};
+
+void BM_HtkFrames(benchmark::State& state, int window, bool at_assembly) {
+  static const HtkArchive archive;
+  auto config = ParseConfig(
+      "datasets:\n  h:\n    deserializers:\n      - type: HTKFeature\n        chunkSizeInBytes: 1000000000\n"
+      "        input: {x: {scpFile: " + archive.dir() + "/f.scp, dim: " + std::to_string(33 * window) +
+          ", contextWindow: " + std::to_string(window) + "}}\n",
+      "bench", archive.dir());
+  DatasetOpenOptions options;
+  options.compressed_in_place = at_assembly;
+  auto ds = config.ok() ? Dataset::Open(config->datasets[0], options) : absl::StatusOr<std::unique_ptr<Dataset>>(config.status());
+  if (!ds.ok()) {
+    state.SkipWithError(std::string(ds.status().message()).c_str());
+    return;
+  }
+  if ((*ds)->index().chunks.size() != 1) {
+    state.SkipWithError("the archive should be one chunk");
+    return;
+  }
+  std::vector<float> batch((32u << 20) / sizeof(float), 0.0f);
+  (void)(*ds)->ParseChunk(0);  // its arrays' memory mapped once, reused by the timed parses
+  for (auto _ : state) {
+    auto chunk = (*ds)->ParseChunk(0);
+    if (!chunk.ok()) {
+      state.SkipWithError(std::string(chunk.status().message()).c_str());
+      return;
+    }
+    const ParsedStream& ps = (*chunk)->streams[0];
+    size_t at = 0;
+    for (uint32_t slot = 0; slot + 1 < ps.sequence_begin.size(); ++slot) {
+      const uint64_t n = ps.num_samples(slot), values = n * ps.dim;
+      if (at + values > batch.size()) at = 0;
+      ps.DecodeDense<float>(slot, 0, n, batch.data() + at);  // a copy, or the codec's decode
+      at += values;
+    }
+    benchmark::DoNotOptimize(batch.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * archive.bytes()));
+}
+BENCHMARK_CAPTURE(BM_HtkFrames, into_chunk_then_copied, 1, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HtkFrames, at_assembly, 1, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HtkFrames, window11_into_chunk_then_copied, 11, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HtkFrames, window11_at_assembly, 11, true)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace conveyor
