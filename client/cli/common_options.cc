@@ -81,7 +81,7 @@ absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::str
 }
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads,
-                                                          bool compressed_in_place) {
+                                                          bool compressed_in_place, bool reads_frames) {
   std::string label = "indexing";
   if (!config.deserializers.empty()) {
     const std::string& f = config.deserializers[0].file;
@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& c
   DatasetOpenOptions options;
   options.index_threads = threads;
   options.compressed_in_place = compressed_in_place;
+  options.reads_frames = reads_frames;
   options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
   auto ds = Dataset::Open(config, options);
   bar.Finish();
@@ -251,12 +252,14 @@ absl::StatusOr<OpenedStream> OpenStream(const std::string& config_path, const st
   // Kaldi compressed matrices stay compressed in the chunks and are decoded straight into
   // the batch at assembly: by the device with the CUDA assembler, and by the CPU assembler
   // (one pass instead of decode into the chunk, then copy) unless frames are asked for, whose
-  // one-row pieces decode faster whole at parse (bench/RESULTS.md, issue 19).
+  // one-row pieces decode faster whole at parse (bench/RESULTS.md, issue 19). HTK frames stay
+  // in their files either way (a frame decodes alone as cheaply).
   std::string note;
   s.assembler = args.assembler == "cuda" ? SelectAssembler(true, args.device, &note) : MakeCpuAssembler();
   const bool on_device = std::string(s.assembler->name()) == "cuda";
   if (!note.empty()) std::fprintf(stderr, "conveyor: %s\n", note.c_str());
-  auto ds = OpenWithProgress(*dc, request->threads, on_device || !request->frame_mode.value_or(dc->frame_mode));
+  auto ds = OpenWithProgress(*dc, request->threads, /*compressed_in_place=*/true,
+                             /*reads_frames=*/!on_device && request->frame_mode.value_or(dc->frame_mode));
   if (!ds.ok()) return ds.status();
   s.dataset = std::move(*ds);
   auto resolved = ResolveStream(*s.dataset, s.request);

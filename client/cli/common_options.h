@@ -39,10 +39,10 @@ absl::StatusOr<Config> LoadConfig(const std::string& path);
 // The dataset called `name`, or the only one when `name` is empty.
 absl::StatusOr<DatasetConfig> ChooseDataset(const Config& config, const std::string& name);
 
-// Opens a dataset, drawing a progress bar for the index pass.
-// `compressed_in_place`: Kaldi compressed matrices stay compressed for the CUDA assembler.
+// Opens a dataset, drawing a progress bar for the index pass. `compressed_in_place` and
+// `reads_frames`: DatasetOpenOptions' (values left in their files for the assembler).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenWithProgress(const DatasetConfig& config, int threads,
-                                                          bool compressed_in_place = false);
+                                                          bool compressed_in_place = false, bool reads_frames = false);
 
 // `s` as the body of a JSON string (quotes not included), escaped as dumps escape.
 std::string JsonEscape(const std::string& s);

@@ -28,8 +28,10 @@ absl::Status Dataset::Init(const DatasetOpenOptions& options) {
   budget_ = std::make_unique<ErrorBudget>(options.max_errors_override.value_or(config_.EffectiveMaxErrors()));
   // Not for datasets read as frames by default: a random frame is a row of 1-byte CM values,
   // each decoded alone (no per-column table to amortize), which costs the host more than
-  // decoding whole utterances at parse time (bench/RESULTS.md, staging_bench).
-  compressed_in_place_ = options.compressed_in_place && !config_.frame_mode;
+  // decoding whole utterances at parse time (bench/RESULTS.md, staging_bench). Sources whose
+  // frames decode alone as cheaply (HTK) are left in place for frames too.
+  compressed_in_place_ = options.compressed_in_place && !config_.frame_mode && !options.reads_frames;
+  by_frame_in_place_ = options.compressed_in_place;
   RETURN_IF_ERROR(OpenDeserializers(options));
   path_ = deserializers_[0]->description();
   if (deserializers_.size() == 1 && deserializers_[0]->chunks() != nullptr) {
@@ -238,7 +240,7 @@ absl::StatusOr<std::unique_ptr<ParsedChunk>> Dataset::ParseJoinedChunk(uint64_t 
       where[s].push_back(sources[s]->InPlace(e, config_.precision));
       in_place[s] = where[s].back() != nullptr || sources[s]->samples(e, 0) == 0;
     }
-    if (in_place[s] || !compressed_in_place_) continue;
+    if (in_place[s] || !(sources[s]->CompressedByFrame() ? by_frame_in_place_ : compressed_in_place_)) continue;
     where[s].clear();
     compressed[s] = true;
     for (uint64_t j = 0; j < ce.num_sequences && compressed[s]; ++j) {

@@ -67,7 +67,8 @@ class Dataset {
   // Parses chunk `chunk_id`. Thread-safe. Errors: DataLoss once maxErrors is exceeded.
   absl::StatusOr<std::unique_ptr<ParsedChunk>> ParseChunk(uint64_t chunk_id) const;
 
-  // Whether Kaldi compressed matrices stay compressed in its chunks (DatasetOpenOptions).
+  // Whether Kaldi compressed matrices stay compressed in its chunks (DatasetOpenOptions; HTK
+  // frames stay in their files whenever compressed_in_place was asked for, frames or not).
   bool compressed_in_place() const { return compressed_in_place_; }
 
   // The parsed chunk, shared by every reader of this dataset: a chunk some reader still
@@ -133,6 +134,7 @@ class Dataset {
   std::vector<size_t> stream_base_;
   std::vector<SourceStats> source_stats_;
   bool compressed_in_place_ = false;
+  bool by_frame_in_place_ = false;  // for sources whose payloads decode by frame as cheaply
   uint64_t dropped_mismatched_ = 0, dropped_empty_ = 0;
   Index joined_index_;
   const Index* index_ = &joined_index_;  // chunked_'s index, or joined_index_

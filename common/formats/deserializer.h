@@ -47,8 +47,13 @@ struct DatasetOpenOptions {
   // compressed matrices (CM, CM2, CM3), which the CUDA assembler decodes on the device, and
   // HTK features, whose context windows are built as they are written into the batch; the
   // parser threads only locate them. Any assembler reads such chunks (the CPU one decodes as
-  // it copies). Not applied to datasets configured to read frames (frameMode: true): see dataset.cc.
+  // it copies). Where frames are read (frameMode: true, or `reads_frames`), only payloads
+  // that decode a frame at a time as cheaply as whole (Deserializer::CompressedByFrame: HTK)
+  // are left: see dataset.cc.
   bool compressed_in_place = false;
+  // The reads will take frames (a request's frame mode, where the configuration says
+  // utterances): as frameMode: true for compressed_in_place.
+  bool reads_frames = false;
 };
 
 // How a deserializer's index was obtained, for `conveyor index` / `inspect` to report.
@@ -106,6 +111,10 @@ class Deserializer {
   // Entry `i`'s dense values as a compressed payload the assembler can decode (a codec
   // registered by the format, chunk/codec.h); false when it is stored otherwise.
   virtual bool Compressed(size_t, CompressedDense*) const { return false; }
+  // Its Compressed() payloads decode a frame at a time about as cheaply per value as whole
+  // (HTK: a frame is one load of its bytes), so that they are left for the assembler in frame
+  // mode too; false where a lone frame costs much more (Kaldi CM: per-column headers).
+  virtual bool CompressedByFrame() const { return false; }
   // Bytes a parsed sequence holds per input byte, when far above 1 (an HTK context window
   // repeats every frame window-fold): chunks are cut smaller by as much, so that a chunk's
   // parsed size, not its input, stays near chunkSizeInBytes (the same chunks when the values

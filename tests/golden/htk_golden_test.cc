@@ -37,20 +37,26 @@ TEST(HtkGolden, CntkControlOutputOfTheReconstructedAn4Subset) {
   EXPECT_EQ(ds.deserializers[0].type, "HTKFeature");
   EXPECT_EQ(ds.deserializers[1].type, "HTKMLF");
   EXPECT_FALSE(ds.randomize);  // readMethod = "none"
-  // HTKLMFReaderTests.cpp: epochSize 500, minibatch 250, 2 epochs.
-  ReadOptions ro;
-  ro.epoch_size = 500;
-  ro.minibatch_size = 250;
-  ro.epochs = 2;
-  auto ours = CntkControlTokens(ds, ro);
-  ASSERT_TRUE(ours.ok()) << ours.status();
+  // HTKLMFReaderTests.cpp: epochSize 500, minibatch 250, 2 epochs. Frames decoded into the
+  // chunks, and left in the file and decoded with their windows as batches are assembled (the
+  // daemon's way, frame mode included).
   const std::vector<std::string> expected = Tokens(ReadFile(TestdataDir() + "/cntk/HTK/Control/HTKMLFReaderSimpleDataLoop2_12_Control.txt"));
   // 4 minibatches x (250 x 363 features + 250 x 132 labels).
   ASSERT_EQ(expected.size(), 4u * 250 * (363 + 132));
-  ASSERT_EQ(ours->size(), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double a = std::strtod((*ours)[i].c_str(), nullptr), e = std::strtod(expected[i].c_str(), nullptr);
-    ASSERT_LE(std::fabs(a - e), 1e-5 * std::max(1.0, std::fabs(e))) << "token " << i << ": conveyor " << (*ours)[i] << ", CNTK " << expected[i];
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "left in the file" : "decoded into the chunks");
+    ReadOptions ro;
+    ro.epoch_size = 500;
+    ro.minibatch_size = 250;
+    ro.epochs = 2;
+    ro.compressed_in_place = in_place;
+    auto ours = CntkControlTokens(ds, ro);
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    ASSERT_EQ(ours->size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const double a = std::strtod((*ours)[i].c_str(), nullptr), e = std::strtod(expected[i].c_str(), nullptr);
+      ASSERT_LE(std::fabs(a - e), 1e-5 * std::max(1.0, std::fabs(e))) << "token " << i << ": conveyor " << (*ours)[i] << ", CNTK " << expected[i];
+    }
   }
 }
 
@@ -391,7 +397,8 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
 // windows as it writes the batch. Every batch must be the one decoding into the chunk gives:
 // big- and little-endian float32 files and a _C one, whole files and frame ranges (one frame,
 // two, shorter than the window), no window, symmetric and lopsided ones, float and double,
-// utterances and frames randomized, truncated BPTT, a rank of two, narrowed to float16.
+// utterances and frames randomized (frames by request and by frameMode: true), truncated BPTT,
+// a rank of two, narrowed to float16.
 TEST(Htk, FramesLeftForTheAssemblerDeliverTheSameBatches) {
   TempDir dir;
   const int d = 5;
@@ -430,7 +437,9 @@ TEST(Htk, FramesLeftForTheAssemblerDeliverTheSameBatches) {
           "      - type: HTKFeature\n        chunkSizeInBytes: 2000\n"
           "        input: {x: {scpFile: f.scp, dim: ", d * window, ", contextWindow: [", left, ", ", right, "]}}\n")));
       ASSERT_TRUE(config.ok()) << config.status();
-      for (int mode = 0; mode < 5; ++mode) {
+      DatasetConfig frames_config = config->datasets[0];
+      frames_config.frame_mode = true;
+      for (int mode = 0; mode < 6; ++mode) {
         if (mode == 4 && std::string(precision) == "double") continue;  // float16 narrows float datasets
         SCOPED_TRACE(absl::StrCat("window [", left, ", ", right, "] ", precision, " mode ", mode));
         ReadOptions ro;
@@ -452,11 +461,13 @@ TEST(Htk, FramesLeftForTheAssemblerDeliverTheSameBatches) {
           ro.request.world = 2;
         }
         if (mode == 4) ro.request.value_dtypes["x"] = DType::kFloat16;
+        if (mode == 5) ro.minibatch_size = 100;  // frames by the configuration (frameMode: true)
         ro.threads = 1 + mode % 3;
-        auto decoded = DumpDataset(config->datasets[0], ro);
+        const DatasetConfig& dc = mode == 5 ? frames_config : config->datasets[0];
+        auto decoded = DumpDataset(dc, ro);
         ASSERT_TRUE(decoded.ok()) << decoded.status();
         ro.compressed_in_place = true;
-        auto kept = DumpDataset(config->datasets[0], ro);
+        auto kept = DumpDataset(dc, ro);
         ASSERT_TRUE(kept.ok()) << kept.status();
         EXPECT_GT(decoded->size(), 1000u);
         EXPECT_TRUE(*kept == *decoded) << "first difference at byte "
@@ -474,6 +485,21 @@ TEST(Htk, FramesLeftForTheAssemblerDeliverTheSameBatches) {
   ASSERT_TRUE(config.ok()) << config.status();
   DatasetOpenOptions oo;
   oo.compressed_in_place = true;
+  {  // Frames too (by the configuration, or `reads_frames` for a request's frame mode).
+    DatasetConfig frames = config->datasets[0];
+    frames.frame_mode = true;
+    auto by_config = Dataset::Open(frames, oo);
+    DatasetOpenOptions by_request = oo;
+    by_request.reads_frames = true;
+    auto requested = Dataset::Open(config->datasets[0], by_request);
+    ASSERT_TRUE(by_config.ok() && requested.ok());
+    for (const auto* ds : {&*by_config, &*requested}) {
+      auto chunk = (*ds)->SharedChunk(0);
+      ASSERT_TRUE(chunk.ok()) << chunk.status();
+      EXPECT_EQ((*chunk)->streams[0].compressed.size(), 8u);
+      EXPECT_TRUE((*chunk)->streams[0].values_f32.empty());
+    }
+  }
   auto kept = Dataset::Open(config->datasets[0], oo);
   auto decoded = Dataset::Open(config->datasets[0]);
   ASSERT_TRUE(kept.ok() && decoded.ok());

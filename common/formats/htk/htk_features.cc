@@ -374,6 +374,9 @@ class HtkFeatureSource final : public Deserializer {
     return true;
   }
 
+  // A frame is one load of its (and its window's) bytes, alone or among the utterance's.
+  bool CompressedByFrame() const override { return true; }
+
   absl::Status Decode(size_t i, Precision precision, ParsedStream* const* out) const override {
     return precision == Precision::kFloat ? DecodeAs<float>(i, *out[0]) : DecodeAs<double>(i, *out[0]);
   }
