@@ -44,7 +44,8 @@ void Write(const std::string& path, std::string_view bytes) {
 // data[0] and data[1]: the window's left and right context (0-5 frames each); data[2]: a
 // second scp entry over frames [0, data[2] / 4] when bit 0 is set, and the frames left in the
 // file for the assembler (compressed_in_place, as the daemon opens datasets) and decoded from
-// there, windows and all, when bit 1 is. The rest: the feature file.
+// there, windows and all, when bit 1 is (and a frame at a time too when bit 2 is). The rest:
+// the feature file.
 void DecodeThroughADataset(const uint8_t* data, size_t size) {
   const int left = data[0] % 6, right = data[1] % 6;
   const std::string_view file(reinterpret_cast<const char*>(data) + 3, size - 3);
@@ -76,8 +77,13 @@ void DecodeThroughADataset(const uint8_t* data, size_t size) {
     // Every utterance's rows as an assembler reads them (decoded here when left in the file).
     for (const conveyor::ParsedStream& ps : (*chunk)->streams) {
       for (uint32_t slot = 0; slot + 1 < ps.sequence_begin.size(); ++slot) {
-        rows.resize(ps.num_samples(slot) * ps.dim);
-        ps.DecodeDense<float>(slot, 0, ps.num_samples(slot), rows.data());
+        // (Samples are numbered chunk-wide: the slot's first is sequence_begin[slot].)
+        const uint64_t first = ps.sequence_begin[slot], n = ps.num_samples(slot);
+        rows.resize(n * ps.dim);
+        ps.DecodeDense<float>(slot, first, n, rows.data());
+        if (data[2] & 4) {  // and a frame at a time, as frame mode reads them
+          for (uint64_t t = 0; t < n; ++t) ps.DecodeDense<float>(slot, first + t, 1, rows.data());
+        }
       }
     }
   }
