@@ -306,7 +306,8 @@ class ProgramBuilder {
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads, or (a few
   // rows of CM) the rows decoded here.
   void PackCompressed(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
-    // Payloads of other codecs (HTK context windows) are built here, as the CPU assembler does.
+    // Payloads of other codecs (HTK frames and their windows) are decoded here, as the CPU
+    // assembler does.
     if (m.info.codec != kaldi::CompressedCodecTag()) {
       DecodeOnHost(m, r0, n, cols, dst);
       return;

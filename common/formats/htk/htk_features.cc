@@ -382,77 +382,23 @@ class HtkFeatureSource final : public Deserializer {
   }
 
  private:
+  // Into the chunk (a Dataset not opened with compressed_in_place: `conveyor convert`, the
+  // library's default) by the assembler's own decoder, so that both ways give the same values:
+  // the chunk's values were reserved for all its windows (Dataset::ParseChunk), and resized
+  // without zeroing (HugePageAllocator), every value then written once.
   template <typename T>
   absl::Status DecodeAs(size_t i, ParsedStream& ps) const {
-    const Entry& e = entries_[i];
-    const File& f = files_[e.file];
-    const HtkHeader& h = f.header;
-    const char* base = f.map->bytes().data();
-    const uint32_t d = feat_dim_;
+    CompressedDense m;
+    Compressed(i, &m);
+    const uint64_t frames = static_cast<uint64_t>(entries_[i].frames);
+    CompressedWindow w;
+    w.rows = static_cast<int64_t>(frames);
+    w.cols = static_cast<int64_t>(uint64_t{feat_dim_} * static_cast<uint64_t>(left_ + 1 + right_));
     HugeVector<T>& values = ps.values<T>();
-    const bool windowed = left_ > 0 || right_ > 0;
-    // Without a context window frames decode straight into the chunk; with one, once into
-    // floats (not zeroed first: every value is written), and the windows are copied from those.
-    std::unique_ptr<float[]> frames(windowed ? new float[static_cast<size_t>(e.frames) * d] : nullptr);
-    const size_t direct = values.size();
-    if (!windowed) values.resize(direct + static_cast<size_t>(e.frames) * d);
-    const bool contiguous = !h.compressed && static_cast<uint64_t>(h.sample_bytes) == uint64_t{4} * d;
-    if (contiguous) {  // the utterance's frames lie back to back: one pass over all of them
-      const char* p = base + h.data_offset + static_cast<uint64_t>(e.first) * static_cast<uint64_t>(h.sample_bytes);
-      const size_t n = static_cast<size_t>(e.frames) * d;
-      if (windowed) LoadFloats(p, n, h.big_endian, frames.get());
-      else LoadFloats(p, n, h.big_endian, values.data() + direct);
-    }
-    for (int64_t t = 0; t < e.frames && !contiguous; ++t) {
-      const char* p = base + h.data_offset + static_cast<uint64_t>(e.first + t) * static_cast<uint64_t>(h.sample_bytes);
-      auto put = [&](uint32_t j, float v) {
-        if (windowed) frames[static_cast<size_t>(t) * d + j] = v;
-        else values[direct + static_cast<size_t>(t) * d + j] = static_cast<T>(v);
-      };
-      if (h.compressed) {
-        const char* a = base + 12;
-        const char* b = a + 4 * d;
-        for (uint32_t j = 0; j < d; ++j) {
-          const float x = static_cast<float>(Load<int16_t>(p + 2 * j, h.big_endian));
-          put(j, (x + Load<float>(b + 4 * j, h.big_endian)) / Load<float>(a + 4 * j, h.big_endian));
-        }
-      } else {
-        for (uint32_t j = 0; j < d; ++j) put(j, Load<float>(p + 4 * j, h.big_endian));
-      }
-    }
-    if (!windowed) {
-      ps.sequence_begin.push_back(ps.sequence_begin.back() + static_cast<uint64_t>(e.frames));
-      return absl::OkStatus();
-    }
-    const uint64_t window = static_cast<uint64_t>(left_ + 1 + right_);
-    // (The chunk's values were reserved for all its windows: Dataset::ParseChunk.)
-    if constexpr (std::is_same_v<T, float>) {
-      // Appended, not resized and then overwritten: the windows are `window` times the
-      // frames, and zeroing them first was half of a windowed read's parsing. A frame whose
-      // window lies inside the utterance is one run of the frames (they are back to back);
-      // at the edges the first or last frame repeats.
-      for (int64_t t = 0; t < e.frames; ++t) {
-        if (t - left_ >= 0 && t + right_ < e.frames) {
-          const float* from = frames.get() + (t - left_) * static_cast<int64_t>(d);
-          values.insert(values.end(), from, from + window * d);
-          continue;
-        }
-        for (int64_t k = t - left_; k <= t + right_; ++k) {
-          const float* from = frames.get() + std::min(std::max<int64_t>(k, 0), e.frames - 1) * static_cast<int64_t>(d);
-          values.insert(values.end(), from, from + d);
-        }
-      }
-    } else {
-      size_t w = values.size();
-      values.resize(w + static_cast<size_t>(e.frames) * window * d);
-      for (int64_t t = 0; t < e.frames; ++t) {
-        for (int64_t k = t - left_; k <= t + right_; ++k) {
-          const float* from = frames.get() + std::min(std::max<int64_t>(k, 0), e.frames - 1) * static_cast<int64_t>(d);
-          for (uint32_t j = 0; j < d; ++j) values[w++] = static_cast<T>(from[j]);
-        }
-      }
-    }
-    ps.sequence_begin.push_back(ps.sequence_begin.back() + static_cast<uint64_t>(e.frames));
+    const size_t at = values.size();
+    values.resize(at + frames * static_cast<uint64_t>(w.cols));
+    DecodeFrames<T>(m.object, m.info, w, values.data() + at);
+    ps.sequence_begin.push_back(ps.sequence_begin.back() + frames);
     return absl::OkStatus();
   }
 
