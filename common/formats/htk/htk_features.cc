@@ -142,8 +142,8 @@ struct FramesPayload {
   uint8_t compressed = 0;  // _C: int16 values, the A and B vectors 12 bytes into the file
 };
 
-// Values [j0, j0 + n) of frame f of `p` (uncompressed, n may run on into the frames after it), decoded
-// as Decode does.
+// Values [j0, j0 + n) of frame f of `p` (uncompressed, n may run on into the frames after it):
+// float32 swapped when big-endian, or _C's int16 x as (x + B) / A, in float as HTK defines.
 template <typename T>
 void LoadFrameValues(const char* file, const FramesPayload& p, int64_t f, uint64_t j0, size_t n, T* out) {
   if (!p.compressed) {
