@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/formats/htk/htk_features.h"
 #include "common/formats/kaldi/kaldi_object.h"
 
 namespace conveyor::gpu {
@@ -306,8 +307,11 @@ class ProgramBuilder {
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads, or (a few
   // rows of CM) the rows decoded here.
   void PackCompressed(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
-    // Payloads of other codecs (HTK frames and their windows) are decoded here, as the CPU
-    // assembler does.
+    if (m.info.codec == HtkFramesCodecTag()) {
+      PackFrames(m, r0, n, cols, dst);
+      return;
+    }
+    // Payloads of any other codec are decoded here, as the CPU assembler does.
     if (m.info.codec != kaldi::CompressedCodecTag()) {
       DecodeOnHost(m, r0, n, cols, dst);
       return;
@@ -352,6 +356,37 @@ class ProgramBuilder {
     }
   }
 
+  // Rows [r0, r0 + n) of an HTK utterance's windows (columns m.col0 .. + cols): the frames
+  // they read staged once, as they lie in the file (1/w of the rows' bytes for a window of w
+  // frames), and frames ops that build the rows on the device.
+  void PackFrames(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
+    const HtkFramesPayload p = m.info.Load<HtkFramesPayload>();
+    const int64_t t0 = m.row0 + static_cast<int64_t>(r0);
+    const int64_t first = std::max<int64_t>(0, t0 - p.left);
+    const int64_t last = std::min<int64_t>(p.frames - 1, t0 + static_cast<int64_t>(n) - 1 + p.right);
+    const uint64_t value_bytes = p.compressed ? 2 : 4;
+    FramesOp op;
+    if (p.compressed) op.scale = Pack(m.object + 12, uint64_t{8} * p.dim);  // A, then B
+    op.src = Pack(m.object + p.first + static_cast<uint64_t>(first) * p.dim * value_bytes,
+                  static_cast<uint64_t>(last - first + 1) * p.dim * value_bytes);
+    op.first = first;
+    op.last = p.frames - 1;
+    op.col0 = static_cast<uint32_t>(m.col0);
+    op.cols = static_cast<uint32_t>(cols);
+    op.dim = p.dim;
+    op.big_endian = p.big_endian;
+    op.compressed = p.compressed;
+    // At most kDecodeOpValues values an op (one block each): bands of rows, sharing the frames.
+    const uint64_t band = std::max<uint64_t>(1, kDecodeOpValues / std::max<uint64_t>(cols, 1));
+    for (uint64_t r = 0; r < n; r += band) {
+      FramesOp part = op;
+      part.rows = static_cast<uint32_t>(std::min(band, n - r));
+      part.base = t0 + static_cast<int64_t>(r) - p.left;
+      part.dst = dst + r * cols * vb_;
+      prog_.frames.push_back(part);
+    }
+  }
+
   // Rows decoded here by their codec, bit for bit as the CPU assembler does (a few rows of CM,
   // or a payload no device kernel decodes), and copied like dense values.
   void DecodeOnHost(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
@@ -386,7 +421,8 @@ class ProgramBuilder {
     prog_.csc_pieces_at = Align(prog_.copies_at + prog_.copies.size() * sizeof(CopyItem), 16);
     prog_.scatters_at = Align(prog_.csc_pieces_at + prog_.csc_pieces.size() * sizeof(CscPieceOp), 16);
     prog_.decodes_at = Align(prog_.scatters_at + prog_.scatters.size() * sizeof(ScatterOp), 16);
-    prog_.staging_bytes = Align(prog_.decodes_at + prog_.decodes.size() * sizeof(DecodeOp), 16);
+    prog_.frames_at = Align(prog_.decodes_at + prog_.decodes.size() * sizeof(DecodeOp), 16);
+    prog_.staging_bytes = Align(prog_.frames_at + prog_.frames.size() * sizeof(FramesOp), 16);
   }
 
   const BatchPlan& plan_;
@@ -438,6 +474,7 @@ void PackStaging(const AssemblyProgram& prog, std::byte* staging) {
   }
   if (!prog.scatters.empty()) std::memcpy(staging + prog.scatters_at, prog.scatters.data(), prog.scatters.size() * sizeof(ScatterOp));
   if (!prog.decodes.empty()) std::memcpy(staging + prog.decodes_at, prog.decodes.data(), prog.decodes.size() * sizeof(DecodeOp));
+  if (!prog.frames.empty()) std::memcpy(staging + prog.frames_at, prog.frames.data(), prog.frames.size() * sizeof(FramesOp));
   if (!prog.narrows.empty()) std::memcpy(staging + prog.narrows_at, prog.narrows.data(), prog.narrows.size() * sizeof(NarrowOp));
 }
 

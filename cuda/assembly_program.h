@@ -9,7 +9,8 @@
 //   3. per CSC stream an exclusive scan of the per-column nnz gives colptr;
 //   4. CSC piece ops copy each piece's row indices and values to colptr[first column];
 //   5. dense-scatter ops sum a sparse sample's entries into its dense column, in file order;
-//   6. decode ops expand Kaldi compressed matrices' rows into dense values;
+//   6. decode ops expand Kaldi compressed matrices' rows into dense values, frames ops HTK
+//      frames (sent once each, as they lie in the file) into their context windows;
 //   7. CSR streams are transposed from a CSC built in scratch memory (a stable radix sort).
 // A batch whose values are narrowed to float16/bfloat16 (value_conversion.h) is assembled as
 // its float32 twin in scratch memory, then narrowed into the slot (8. NarrowKernel).
@@ -40,7 +41,7 @@ inline constexpr uint64_t kCm1DeviceMinRows = 4;
 
 // Bytes of the parsed chunks that go into the staging buffer: copied from `src`, or, where
 // `decode` is set, rows a codec decodes straight into the staging buffer (a few rows of CM, or
-// a payload no device kernel decodes: HTK frames), bit for bit as the CPU assembler does.
+// a payload of a codec no device kernel decodes), bit for bit as the CPU assembler does.
 struct HostPack {
   const void* src = nullptr;
   uint64_t dst = 0, bytes = 0;
@@ -63,18 +64,20 @@ struct AssemblyProgram {
   std::vector<ScatterOp> scatters;
   std::vector<TransposeOp> transposes;
   std::vector<DecodeOp> decodes;
+  std::vector<FramesOp> frames;  // HTK frames, their windows built on the device
   // Narrowed values: steps 1-7 build the float32 twin (wide_bytes) at scratch offset wide_at,
   // then the narrow ops fill the slot from it. Empty otherwise.
   std::vector<NarrowOp> narrows;
   uint64_t wide_at = 0, wide_bytes = 0;
   // Staging offsets of the descriptor arrays (after the payload), for the kernels.
-  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0, narrows_at = 0;
+  uint64_t copies_at = 0, csc_pieces_at = 0, scatters_at = 0, decodes_at = 0, frames_at = 0, narrows_at = 0;
 };
 
 // What programs run so far did (CudaAssembler::stats(), the host executor, gpu_bench).
 struct ProgramStats {
   uint64_t programs = 0, launches = 0, scans = 0;
   uint64_t copy_items = 0, csc_piece_ops = 0, scatter_ops = 0, decode_ops = 0, decoded_values = 0, transposes = 0;
+  uint64_t frames_ops = 0, frames_values = 0;  // HTK: ops, and the window values they wrote
   uint64_t narrow_ops = 0;
 };
 

@@ -93,6 +93,11 @@ absl::Status RunKernels(const AssemblyProgram& prog, const std::byte* staging, s
                                reinterpret_cast<const uint8_t*>(staging), slot};
     if (absl::Status st = Launch(backend, k, prog.decodes.size(), "DecodeOpsKernel", stats); !st.ok()) return st;
   }
+  if (!prog.frames.empty()) {  // HTK frames left in their files, windows built here
+    const FramesKernel<T> k{reinterpret_cast<const FramesOp*>(staging + prog.frames_at), prog.frames.size(),
+                            reinterpret_cast<const uint8_t*>(staging), slot};
+    if (absl::Status st = Launch(backend, k, prog.frames.size(), "FramesKernel", stats); !st.ok()) return st;
+  }
   for (const TransposeOp& tr : prog.transposes) {
     if (absl::Status st = Transpose<T>(tr, scratch, slot, backend, stats); !st.ok()) return st;
   }
@@ -113,6 +118,8 @@ absl::Status RunProgram(const AssemblyProgram& prog, const std::byte* staging, s
   stats->scatter_ops += prog.scatters.size();
   stats->decode_ops += prog.decodes.size();
   for (const DecodeOp& op : prog.decodes) stats->decoded_values += uint64_t{op.rows} * op.cols;
+  stats->frames_ops += prog.frames.size();
+  for (const FramesOp& op : prog.frames) stats->frames_values += uint64_t{op.rows} * op.cols;
   stats->transposes += prog.transposes.size();
   stats->narrow_ops += prog.narrows.size();
   if (prog.narrows.empty()) {

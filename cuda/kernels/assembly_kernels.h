@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/formats/kaldi/kaldi_cm_math.h"
 #include "cuda/kernels/grid.h"
@@ -142,6 +143,57 @@ struct DecodeOpsKernel {
           v = kaldi::CmLinear(op.min_value, inc, LoadU16(src + 2 * k));
         } else {
           v = kaldi::CmLinear(op.min_value, inc, src[k]);
+        }
+        out[k] = static_cast<T>(v);
+      }
+    }
+  }
+};
+
+// A 32-bit value at any address (staged HTK frames are the file's bytes), byte-swapped when
+// big-endian.
+CONVEYOR_HD inline uint32_t LoadU32(const uint8_t* p, bool big_endian) {
+  const uint32_t b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
+  return big_endian ? (b0 << 24 | b1 << 16 | b2 << 8 | b3) : (b3 << 24 | b2 << 16 | b1 << 8 | b0);
+}
+CONVEYOR_HD inline float LoadF32(const uint8_t* p, bool big_endian) {
+  const uint32_t u = LoadU32(p, big_endian);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// One block per frames op, one thread per value (row-major): HTK context windows built from
+// frames staged once (FramesOp), bit for bit the CPU assembler's values (htk_features.cc).
+template <typename T>
+struct FramesKernel {
+  const FramesOp* ops;
+  uint64_t n;
+  const uint8_t* staging;
+  std::byte* slot;
+
+  static LaunchShape Shape(uint64_t n, const LaunchPolicy& p) { return BlockPerItem(n, p); }
+
+  CONVEYOR_HD void operator()(const Grid& g) const {
+    for (uint64_t i = g.block; i < n; i += g.grid_dim) {
+      const FramesOp op = ops[i];
+      const uint8_t* src = staging + op.src;
+      const bool be = op.big_endian != 0;
+      T* out = reinterpret_cast<T*>(slot + op.dst);
+      const uint64_t count = uint64_t{op.rows} * op.cols;
+      for (uint64_t k = g.thread; k < count; k += g.block_dim) {
+        const uint64_t r = k / op.cols, c = op.col0 + k % op.cols;
+        int64_t f = op.base + static_cast<int64_t>(r + c / op.dim);
+        f = f < 0 ? 0 : (f > op.last ? op.last : f);
+        const uint64_t at = static_cast<uint64_t>(f - op.first) * op.dim + c % op.dim;
+        float v;
+        if (op.compressed != 0) {
+          const uint32_t x = be ? (uint32_t{src[2 * at]} << 8 | src[2 * at + 1]) : (uint32_t{src[2 * at + 1]} << 8 | src[2 * at]);
+          const float a = LoadF32(staging + op.scale + 4 * (c % op.dim), be);
+          const float b = LoadF32(staging + op.scale + 4 * (op.dim + c % op.dim), be);
+          v = (static_cast<float>(static_cast<int16_t>(static_cast<uint16_t>(x))) + b) / a;
+        } else {
+          v = LoadF32(src + 4 * at, be);
         }
         out[k] = static_cast<T>(v);
       }

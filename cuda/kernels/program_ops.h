@@ -81,4 +81,18 @@ struct DecodeOp {
   float min_value = 0, range = 0;
 };
 
+// Rows [0, rows) of an HTK utterance's context windows (columns col0 .. col0 + cols of each),
+// decoded into the slot at `dst`, row-major: row r, column c is value c % dim of utterance
+// frame clamp(base + r + c / dim, 0, last) (the edge frames repeated), which lies at staged
+// frame (that frame - first) from `src`, dim values of 4 bytes (float32) or, `compressed`
+// (_C), 2 (int16 x, decoded as (x + B[j]) / A[j] in float, the A and B vectors staged at
+// `scale`), big- or little-endian as stored. The frames are staged as they lie in the file,
+// once each, so a window of w frames sends 1/w of the bytes its rows hold.
+struct FramesOp {
+  uint64_t src = 0, scale = 0, dst = 0;
+  int64_t base = 0, first = 0, last = 0;
+  uint32_t rows = 0, cols = 0, col0 = 0, dim = 0;
+  uint32_t big_endian = 0, compressed = 0;
+};
+
 }  // namespace conveyor::gpu

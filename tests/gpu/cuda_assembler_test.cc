@@ -175,13 +175,14 @@ TEST(CudaAssemblerGpu, CompressedKaldiMatricesDecodeOnTheDeviceAsOnTheCpu) {
   EXPECT_GT((*cuda)->stats().decode_ops, 0u) << "no decode op ran on the device";
 }
 
-// HTK features left in their files: the program decodes their rows (context windows built)
-// on the host and copies them like dense values.
+// HTK features left in their files: the frames are sent as they lie and the device builds
+// the context windows (FramesKernel), bit for bit as the CPU assembler does.
 TEST(CudaAssemblerGpu, HtkFramesLeftInTheirFilesMatchTheCpuLoader) {
   CONVEYOR_REQUIRE_CUDA_DEVICE();
   auto cuda = CudaAssembler::Create({});
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   conveyor::testing::ExpectHtkFramesMatchTheCpuLoader(cuda->get(), MemoryKind::kDevice);
+  EXPECT_GT((*cuda)->stats().frames_ops, 100u) << "no frames op ran on the device";
 }
 
 }  // namespace

@@ -172,6 +172,16 @@ std::string HtkFile(int32_t samples, int16_t sample_bytes, uint16_t kind, const 
   return out + payload;
 }
 
+// The same, little-endian (as CNTK recognises them: by the smaller sample period).
+std::string LittleEndianHtkFile(int32_t samples, int16_t sample_bytes, uint16_t kind, const std::string& payload) {
+  std::string out;
+  const int32_t head[2] = {samples, 100000};
+  out.append(reinterpret_cast<const char*>(head), 8);
+  out.append(reinterpret_cast<const char*>(&sample_bytes), 2);
+  out.append(reinterpret_cast<const char*>(&kind), 2);
+  return out + payload;
+}
+
 std::string BigEndianFloats(const std::vector<float>& v) {
   std::string out;
   for (float f : v) {
@@ -187,7 +197,7 @@ std::string BigEndianFloats(const std::vector<float>& v) {
 
 void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind) {
   const int d = 6;
-  std::vector<float> frames(400 * d);
+  std::vector<float> frames(600 * d);
   for (size_t i = 0; i < frames.size(); ++i) frames[i] = static_cast<float>((i * 53) % 997) * 0.25f - 100.0f;
   std::vector<float> ab;
   for (int j = 0; j < 2 * d; ++j) ab.push_back(j < d ? 2.0f + j : 1.0f - j);
@@ -196,11 +206,21 @@ void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind
     const uint16_t v = __builtin_bswap16(static_cast<uint16_t>(static_cast<int16_t>((i * 211) % 30000 - 15000)));
     c.append(reinterpret_cast<const char*>(&v), 2);
   }
+  // Little-endian files too: float32 frames, and _C (its vectors and values little-endian).
+  std::string lf(reinterpret_cast<const char*>(frames.data()), 50 * d * sizeof(float));
+  std::string lc(reinterpret_cast<const char*>(ab.data()), ab.size() * sizeof(float));
+  for (int i = 0; i < 30 * d; ++i) {
+    const int16_t v = static_cast<int16_t>((i * 307) % 30000 - 15000);
+    lc.append(reinterpret_cast<const char*>(&v), 2);
+  }
   // (Per process, as above.)
   const std::string f = ProcessTempFile("conveyor_gpu_htk_f.htk"), cf = ProcessTempFile("conveyor_gpu_htk_c.htk");
+  const std::string lff = ProcessTempFile("conveyor_gpu_htk_lf.htk"), lcf = ProcessTempFile("conveyor_gpu_htk_lc.htk");
   const std::string scp = ProcessTempFile("conveyor_gpu_htk.scp");
-  for (const auto& [path, bytes] : {std::make_pair(f, HtkFile(400, 4 * d, 9, BigEndianFloats(frames))),
-                                    std::make_pair(cf, HtkFile(4 + 150, 2 * d, 9 | 02000, c))}) {
+  for (const auto& [path, bytes] : {std::make_pair(f, HtkFile(600, 4 * d, 9, BigEndianFloats(frames))),
+                                    std::make_pair(cf, HtkFile(4 + 150, 2 * d, 9 | 02000, c)),
+                                    std::make_pair(lff, LittleEndianHtkFile(50, 4 * d, 9, lf)),
+                                    std::make_pair(lcf, LittleEndianHtkFile(4 + 30, 2 * d, 9 | 02000, lc))}) {
     if (std::FILE* out = std::fopen(path.c_str(), "wb")) {
       std::fwrite(bytes.data(), 1, bytes.size(), out);
       std::fclose(out);
@@ -209,6 +229,9 @@ void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind
   if (std::FILE* out = std::fopen(scp.c_str(), "w")) {
     for (int u = 0; u < 20; ++u) std::fprintf(out, "u%d=%s[%d,%d]\n", u, f.c_str(), 20 * u, 20 * u + 19 - u % 7);
     std::fprintf(out, "c=%s\nc1=%s[3,4]\n", cf.c_str(), cf.c_str());
+    // One utterance longer than the device's ops (kDecodeOpValues: bands of rows, with a
+    // window), and the little-endian files, whole and a range.
+    std::fprintf(out, "long=%s[0,599]\nlf=%s\nlf1=%s[10,12]\nlc=%s\n", f.c_str(), lff.c_str(), lff.c_str(), lcf.c_str());
     std::fclose(out);
   }
   DatasetOpenOptions open;

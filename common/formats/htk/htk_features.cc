@@ -127,25 +127,10 @@ void LoadFloats(const char* p, size_t n, bool big_endian, double* out) {
   }
 }
 
-// An utterance's frames left in the file for the assembler to decode (CompressedDense,
-// chunk/compressed.h), its context windows built as they are written into the batch. Decoded
-// into the chunk, every value was written there and read back before the batch's copy, and a
-// window's values window-fold (3.5-4.2x slower through `conveyor bench` with 11-frame windows,
-// 1.7-1.8x without, bench/RESULTS.md); left in place, the file's bytes are read and the batch's
-// written once. The payload's object is the file's first byte; this header, the rest.
-struct FramesPayload {
-  uint64_t first = 0;     // bytes from the file's first byte to the utterance's first frame
-  int64_t frames = 0;     // the utterance's frames
-  uint32_t dim = 0;       // values a frame
-  int32_t left = 0, right = 0;
-  uint8_t big_endian = 1;
-  uint8_t compressed = 0;  // _C: int16 values, the A and B vectors 12 bytes into the file
-};
-
 // Values [j0, j0 + n) of frame f of `p` (uncompressed, n may run on into the frames after it):
 // float32 swapped when big-endian, or _C's int16 x as (x + B) / A, in float as HTK defines.
 template <typename T>
-void LoadFrameValues(const char* file, const FramesPayload& p, int64_t f, uint64_t j0, size_t n, T* out) {
+void LoadFrameValues(const char* file, const HtkFramesPayload& p, int64_t f, uint64_t j0, size_t n, T* out) {
   if (!p.compressed) {
     LoadFloats(file + p.first + (static_cast<uint64_t>(f) * p.dim + j0) * 4, n, p.big_endian, out);
     return;
@@ -163,7 +148,7 @@ void LoadFrameValues(const char* file, const FramesPayload& p, int64_t f, uint64
 // frames t - left .. t + right (the edge frames repeated), dim values each.
 template <typename T>
 void DecodeFrames(const char* file, const CompressedHeader& header, const CompressedWindow& w, T* out) {
-  const FramesPayload p = header.Load<FramesPayload>();
+  const HtkFramesPayload p = header.Load<HtkFramesPayload>();
   const int64_t width = p.left + 1 + p.right;
   const uint64_t row_values = static_cast<uint64_t>(width) * p.dim;
   const bool whole_rows = w.col0 == 0 && static_cast<uint64_t>(w.cols) == row_values;
@@ -185,11 +170,16 @@ void DecodeFrames(const char* file, const CompressedHeader& header, const Compre
   }
 }
 
-uint32_t FramesCodecTag() {
+
+}  // namespace
+
+uint32_t HtkFramesCodecTag() {
   static const uint32_t tag =
       RegisterCompressedCodec(CompressedCodec{"HTKFeatures", &DecodeFrames<float>, &DecodeFrames<double>});
   return tag;
 }
+
+namespace {
 
 class HtkFeatureSource final : public Deserializer {
  public:
@@ -358,7 +348,7 @@ class HtkFeatureSource final : public Deserializer {
   bool Compressed(size_t i, CompressedDense* m) const override {
     const Entry& e = entries_[i];
     const File& f = files_[e.file];
-    FramesPayload p;
+    HtkFramesPayload p;
     p.first = f.header.data_offset + static_cast<uint64_t>(e.first) * static_cast<uint64_t>(f.header.sample_bytes);
     p.frames = e.frames;
     p.dim = feat_dim_;
@@ -367,7 +357,7 @@ class HtkFeatureSource final : public Deserializer {
     p.big_endian = f.header.big_endian ? 1 : 0;
     p.compressed = f.header.compressed ? 1 : 0;
     m->object = f.map->bytes().data();
-    m->info.codec = FramesCodecTag();
+    m->info.codec = HtkFramesCodecTag();
     m->info.Store(p);
     m->row0 = 0;
     m->col0 = 0;
