@@ -9,6 +9,9 @@
 // Reported per archive: MB/s of archive (wall) and CPU seconds per GB of archive (all
 // threads, getrusage), plus the staged bytes per decoded float byte.
 //   build/bench/staging_bench [epochs [archive]]
+// Or any dataset of a config (HTK features, whose frames are sent as they lie and whose context
+// windows the device builds): the same two ways, per GB of the batches' input.
+//   build/bench/staging_bench epochs CONFIG.yaml DATASET
 #include <sys/resource.h>
 
 #include <chrono>
@@ -89,9 +92,48 @@ Run Read(const Dataset& ds, BatchAssembler* assembler, uint64_t epochs, bool fra
 }  // namespace
 }  // namespace conveyor
 
+// Both ways over `config`'s dataset, a line per mode, per GB of its files read.
+int Compare(const char* label, const conveyor::DatasetConfig& config, uint64_t epochs) {
+  using namespace conveyor;
+  DatasetOpenOptions kept_open;
+  kept_open.compressed_in_place = true;
+  auto plain = Dataset::Open(config);
+  auto kept = Dataset::Open(config, kept_open);
+  if (!plain.ok() || !kept.ok()) {
+    std::fprintf(stderr, "%s\n", std::string((plain.ok() ? kept.status() : plain.status()).message()).c_str());
+    return 1;
+  }
+  const double gb = (*plain)->file_bytes() / 1e9 * epochs;
+  for (bool frames : {false, true}) {
+    auto cpu = MakeCpuAssembler();
+    StagingOnlyAssembler staging;
+    const Run a = Read(**plain, cpu.get(), epochs, frames);
+    const Run b = Read(**kept, &staging, epochs, frames);
+    std::printf("%-16s %-10s %12.0f %12.2f %12.0f %12.2f %10.3f\n", label, frames ? "frames" : "utterances",
+                gb * 1e3 / a.seconds, a.cpu_seconds / gb, gb * 1e3 / b.seconds, b.cpu_seconds / gb,
+                static_cast<double>(staging.staged) / std::max<uint64_t>(b.batch_bytes, 1));
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace conveyor;
   const uint64_t epochs = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 200;
+  if (argc > 3) {  // a config's dataset
+    auto config = LoadConfigFile(argv[2]);
+    if (!config.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+      return 1;
+    }
+    for (const DatasetConfig& d : config->datasets) {
+      if (d.name != argv[3]) continue;
+      std::printf("%-16s %-10s %12s %12s %12s %12s %10s\n", "dataset", "mode", "cpu MB/s", "cpu s/GB", "staging MB/s",
+                  "staging s/GB", "staged/out");
+      return Compare(argv[3], d, epochs);
+    }
+    std::fprintf(stderr, "no dataset %s in %s\n", argv[3], argv[2]);
+    return 1;
+  }
   const char* env = std::getenv("CONVEYOR_TESTDATA");
   const std::string kaldi = std::string(env != nullptr ? env : CONVEYOR_TESTDATA_DIR) + "/kaldi";
   std::printf("%-16s %-10s %12s %12s %12s %12s %10s\n", "archive", "mode", "cpu MB/s", "cpu s/GB", "staging MB/s",
@@ -102,22 +144,7 @@ int main(int argc, char** argv) {
                                           "        rspecifier: \"ark:") + kaldi + "/" + name + ".ark\"\n"
                                           "        input: {features: {}}\n",
                               "staging_bench", "/");
-    if (!config.ok()) return 1;
-    DatasetOpenOptions kept_open;
-    kept_open.compressed_in_place = true;
-    auto plain = Dataset::Open(config->datasets[0]);
-    auto kept = Dataset::Open(config->datasets[0], kept_open);
-    if (!plain.ok() || !kept.ok()) return 1;
-    const double gb = (*plain)->file_bytes() * epochs / 1e9;
-    for (bool frames : {false, true}) {
-      auto cpu = MakeCpuAssembler();
-      StagingOnlyAssembler staging;
-      const Run a = Read(**plain, cpu.get(), epochs, frames);
-      const Run b = Read(**kept, &staging, epochs, frames);
-      std::printf("%-16s %-10s %12.0f %12.2f %12.0f %12.2f %10.2f\n", name, frames ? "frames" : "utterances",
-                  gb * 1e3 / a.seconds, a.cpu_seconds / gb, gb * 1e3 / b.seconds, b.cpu_seconds / gb,
-                  static_cast<double>(staging.staged) / std::max<uint64_t>(b.batch_bytes, 1));
-    }
+    if (!config.ok() || Compare(name, config->datasets[0], epochs) != 0) return 1;
   }
   return 0;
 }

@@ -358,13 +358,23 @@ class ProgramBuilder {
 
   // Rows [r0, r0 + n) of an HTK utterance's windows (columns m.col0 .. + cols): the frames
   // they read staged once, as they lie in the file (1/w of the rows' bytes for a window of w
-  // frames), and frames ops that build the rows on the device.
+  // frames), and frames ops that build the rows on the device; or, where that would send
+  // more bytes than the rows decoded here (no window, or one frame of a window: a frames op
+  // is 72 bytes, a copy item 24), the rows decoded here.
   void PackFrames(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
     const HtkFramesPayload p = m.info.Load<HtkFramesPayload>();
     const int64_t t0 = m.row0 + static_cast<int64_t>(r0);
     const int64_t first = std::max<int64_t>(0, t0 - p.left);
     const int64_t last = std::min<int64_t>(p.frames - 1, t0 + static_cast<int64_t>(n) - 1 + p.right);
     const uint64_t value_bytes = p.compressed ? 2 : 4;
+    // At most kDecodeOpValues values an op (one block each): bands of rows, sharing the frames.
+    const uint64_t band = std::max<uint64_t>(1, kDecodeOpValues / std::max<uint64_t>(cols, 1));
+    const uint64_t sent = static_cast<uint64_t>(last - first + 1) * p.dim * value_bytes +
+                          (p.compressed ? uint64_t{8} * p.dim : 0) + (n + band - 1) / band * sizeof(FramesOp);
+    if (sent >= n * cols * vb_ + sizeof(CopyItem)) {
+      DecodeOnHost(m, r0, n, cols, dst);
+      return;
+    }
     FramesOp op;
     if (p.compressed) op.scale = Pack(m.object + 12, uint64_t{8} * p.dim);  // A, then B
     op.src = Pack(m.object + p.first + static_cast<uint64_t>(first) * p.dim * value_bytes,
@@ -376,8 +386,6 @@ class ProgramBuilder {
     op.dim = p.dim;
     op.big_endian = p.big_endian;
     op.compressed = p.compressed;
-    // At most kDecodeOpValues values an op (one block each): bands of rows, sharing the frames.
-    const uint64_t band = std::max<uint64_t>(1, kDecodeOpValues / std::max<uint64_t>(cols, 1));
     for (uint64_t r = 0; r < n; r += band) {
       FramesOp part = op;
       part.rows = static_cast<uint32_t>(std::min(band, n - r));

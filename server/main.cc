@@ -248,7 +248,8 @@ absl::Status ResolveTls(const Flags& f, const conveyor::Config& config, Prepared
 // (the parser threads only locate them) and are decoded straight into the batch: by the
 // device with the CUDA assembler, else by the CPU assembler, one pass instead of decode into
 // the chunk then copy (bench/RESULTS.md, issue 19); a dataset in frame mode decodes them at
-// parse, whose one-row pieces decode faster whole.
+// parse, whose one-row pieces decode faster whole. HTK frames stay in their files too, and the
+// device builds their context windows from the frames sent once.
 void ChooseAssembler(const conveyor::Config& config, Flags* f, Prepared* p) {
   conveyor::ServiceOptions& options = p->options;
   std::string assembler = f->assembler;
@@ -258,7 +259,7 @@ void ChooseAssembler(const conveyor::Config& config, Flags* f, Prepared* p) {
   options.cuda_assembler = assembler == "cuda";
   conveyor::SelectAssembler(options.cuda_assembler, options.cuda_device, &p->note);
   if (p->note.rfind("assembler: cuda", 0) != 0) options.cuda_assembler = false;
-  if (options.cuda_assembler) p->note += "; Kaldi compressed matrices decoded on the device";
+  if (options.cuda_assembler) p->note += "; Kaldi compressed matrices and HTK frames decoded on the device";
 }
 
 // The slow half: configuration, address checks, assembler, indexing. Runs on its own thread.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/formats/htk/htk_features.h"
 #include "common/formats/kaldi/kaldi_object.h"
 #include "gtest/gtest.h"
 #include "cuda/host_program.h"
@@ -270,6 +271,153 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
     const std::vector<std::byte> got = AssembleWith(*host, *plan, pieces);
     EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
   }
+}
+
+// An HTK utterance left in its (big-endian) file, context window [2, 2], 3 values a frame:
+// value j of frame f is 10 f + j. Staged bytes: what the program sends of the file's frames.
+struct HtkUtterance {
+  static constexpr int kFrames = 20, kDim = 3, kLeft = 2, kRight = 2;
+  std::string file;
+  ParsedChunk chunk;
+  std::vector<StreamConfig> streams;
+
+  explicit HtkUtterance(int left = kLeft, int right = kRight) {
+    auto put32 = [&](uint32_t u) {
+      u = __builtin_bswap32(u);
+      file.append(reinterpret_cast<const char*>(&u), 4);
+    };
+    put32(kFrames);
+    put32(100000);
+    const uint16_t tail[2] = {__builtin_bswap16(4 * kDim), __builtin_bswap16(9)};
+    file.append(reinterpret_cast<const char*>(tail), 4);
+    for (int f = 0; f < kFrames; ++f) {
+      for (int j = 0; j < kDim; ++j) {
+        const float v = static_cast<float>(10 * f + j);
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        put32(u);
+      }
+    }
+    HtkFramesPayload p;
+    p.first = 12;
+    p.frames = kFrames;
+    p.dim = kDim;
+    p.left = left;
+    p.right = right;
+    CompressedDense m;
+    m.object = file.data();
+    m.info.codec = HtkFramesCodecTag();
+    m.info.Store(p);
+    const uint32_t row_values = kDim * (left + 1 + right);
+    chunk.keys = {1};
+    chunk.lengths = {kFrames};
+    chunk.slot_of = {0};
+    ParsedStream ps;
+    ps.format = StreamFormat::kDense;
+    ps.dim = row_values;
+    ps.sequence_begin = {0, kFrames};
+    ps.compressed = {m};
+    chunk.streams = {ps};
+    streams = {{"x", "x", StreamFormat::kDense, row_values, false}};
+  }
+  // What the program sends of the file: its packs' bytes (rows decoded here included).
+  static uint64_t Staged(const AssemblyProgram& prog) {
+    uint64_t n = 0;
+    for (const HostPack& p : prog.packs) n += p.bytes;
+    return n;
+  }
+  // Row t of the windows: frames t - left .. t + right, the edges repeated.
+  static std::vector<float> Row(int t) {
+    std::vector<float> row;
+    for (int f = t - kLeft; f <= t + kRight; ++f) {
+      for (int j = 0; j < kDim; ++j) row.push_back(static_cast<float>(10 * std::min(std::max(f, 0), kFrames - 1) + j));
+    }
+    return row;
+  }
+};
+
+// A whole utterance: its 20 frames sent once (240 bytes, not 20 rows of 5 frames: 1200), one
+// frames op; the rows are the hand-computed windows, as the CPU assembler writes them.
+TEST(AssemblyProgram, HtkUtterancesSendTheirFramesOnceAndTheDeviceBuildsTheWindows) {
+  HtkUtterance u;
+  PieceRef r;
+  r.chunk = &u.chunk;
+  BatchShape shape;
+  shape.rows = 1;
+  const std::vector<PieceRef> pieces = {r};
+  auto plan = PlanBatch(u.streams, Precision::kFloat, shape, pieces);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto prog = BuildAssemblyProgram(*plan, pieces);
+  ASSERT_TRUE(prog.ok()) << prog.status();
+  ASSERT_EQ(prog->frames.size(), 1u);
+  EXPECT_EQ(prog->frames[0].rows, 20u);
+  EXPECT_EQ(DecodedOnTheHost(*prog), 0u);
+  EXPECT_EQ(HtkUtterance::Staged(*prog), 20u * HtkUtterance::kDim * 4);
+  std::vector<float> want;
+  for (int t = 0; t < HtkUtterance::kFrames; ++t) {
+    const std::vector<float> row = HtkUtterance::Row(t);
+    want.insert(want.end(), row.begin(), row.end());
+  }
+  auto host = MakeHostProgramAssembler();
+  auto cpu = MakeCpuAssembler();
+  const std::vector<std::byte> got = AssembleWith(*host, *plan, pieces);
+  EXPECT_EQ(got, AssembleWith(*cpu, *plan, pieces));
+  ASSERT_EQ(plan->streams[0].values.bytes, want.size() * 4);
+  EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
+
+  // Without a window the frames are the rows: decoded here, a copy item instead of a 72-byte
+  // frames op.
+  HtkUtterance plain(0, 0);
+  PieceRef q;
+  q.chunk = &plain.chunk;
+  const std::vector<PieceRef> one = {q};
+  auto plan0 = PlanBatch(plain.streams, Precision::kFloat, shape, one);
+  ASSERT_TRUE(plan0.ok()) << plan0.status();
+  auto prog0 = BuildAssemblyProgram(*plan0, one);
+  ASSERT_TRUE(prog0.ok()) << prog0.status();
+  EXPECT_TRUE(prog0->frames.empty());
+  EXPECT_EQ(DecodedOnTheHost(*prog0), 1u);
+  EXPECT_EQ(AssembleWith(*host, *plan0, one), AssembleWith(*cpu, *plan0, one));
+}
+
+// Frames 3..10 in rows 0..7 (frame mode) become one frames op over frames 1..12, sent once; a
+// lone frame's window (18) is decoded here: its 5 frames and an op would send more than its
+// row and a copy item.
+TEST(AssemblyProgram, ConsecutiveHtkFramesBecomeOneFramesOpALoneFrameIsDecodedHere) {
+  HtkUtterance u;
+  std::vector<PieceRef> pieces;
+  for (uint32_t f : {3, 4, 5, 6, 7, 8, 9, 10, 18}) {
+    PieceRef r;
+    r.chunk = &u.chunk;
+    r.sample_begin = f;
+    r.sample_count = 1;
+    r.row = static_cast<uint32_t>(pieces.size());
+    r.frame = f;
+    pieces.push_back(r);
+  }
+  BatchShape shape;
+  shape.rows = static_cast<uint32_t>(pieces.size());
+  shape.frame_mode = true;
+  auto plan = PlanBatch(u.streams, Precision::kFloat, shape, pieces);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto prog = BuildAssemblyProgram(*plan, pieces);
+  ASSERT_TRUE(prog.ok()) << prog.status();
+  ASSERT_EQ(prog->frames.size(), 1u);
+  EXPECT_EQ(prog->frames[0].rows, 8u);
+  EXPECT_EQ(prog->frames[0].first, 1);
+  EXPECT_EQ(DecodedOnTheHost(*prog), 1u);
+  // Frames 1..12, then frame 18's row decoded (15 values).
+  EXPECT_EQ(HtkUtterance::Staged(*prog), (12u + 5u) * HtkUtterance::kDim * 4);
+  std::vector<float> want;
+  for (uint32_t f : {3, 4, 5, 6, 7, 8, 9, 10, 18}) {
+    const std::vector<float> row = HtkUtterance::Row(static_cast<int>(f));
+    want.insert(want.end(), row.begin(), row.end());
+  }
+  auto host = MakeHostProgramAssembler();
+  auto cpu = MakeCpuAssembler();
+  const std::vector<std::byte> got = AssembleWith(*host, *plan, pieces);
+  EXPECT_EQ(got, AssembleWith(*cpu, *plan, pieces));
+  EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
 }
 
 }  // namespace
