@@ -237,7 +237,9 @@ void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind
   DatasetOpenOptions open;
   open.compressed_in_place = true;
   for (const char* context : {"", ", contextWindow: [3, 2]"}) {
-    for (const char* precision : {"float", "double"}) {
+    for (const std::string variant : {"float", "double", "float16"}) {
+      // float16: float data narrowed (the program builds the float32 twin, then narrows it).
+      const char* precision = variant == "double" ? "double" : "float";
       auto config = ParseConfig(absl::StrCat("datasets:\n  d:\n    precision: ", precision,
                                              "\n    deserializers:\n      - type: HTKFeature\n        chunkSizeInBytes: 3000\n"
                                              "        input: {x: {scpFile: \"", scp, "\", dim: ", *context ? 6 * d : d, context, "}}\n"),
@@ -247,8 +249,9 @@ void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind
         const bool by_frame = mode > 0;
         LoaderOptions lo = Randomized(by_frame ? 64 : 100, by_frame);
         lo.planner.randomizer.randomize = mode < 2;
+        if (variant == "float16") lo.value_dtypes = {DType::kFloat16};
         SCOPED_TRACE(absl::StrCat(*context ? "window [3, 2]" : "no window", by_frame ? " frames" : " utterances",
-                                  mode == 2 ? " in order " : " ", precision));
+                                  mode == 2 ? " in order " : " ", variant));
         ExpectPipelinedLoaderMatchesTheCpuLoader(config->datasets[0], open, lo, assembler, kind);
       }
     }
