@@ -371,7 +371,7 @@ class ProgramBuilder {
     const uint64_t band = std::max<uint64_t>(1, kDecodeOpValues / std::max<uint64_t>(cols, 1));
     const uint64_t sent = static_cast<uint64_t>(last - first + 1) * p.dim * value_bytes +
                           (p.compressed ? uint64_t{8} * p.dim : 0) + (n + band - 1) / band * sizeof(FramesOp);
-    if (sent >= n * cols * vb_ + sizeof(CopyItem)) {
+    if (last < first || sent >= n * cols * vb_ + sizeof(CopyItem)) {  // (no frame to send: not from a scanned payload)
       DecodeOnHost(m, r0, n, cols, dst);
       return;
     }

@@ -150,18 +150,54 @@ struct DecodeOpsKernel {
   }
 };
 
+// Bits of a float, and back.
+CONVEYOR_HD inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+CONVEYOR_HD inline float BitsFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+CONVEYOR_HD inline bool IsNanBits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+// Where IEEE 754 leaves a NaN's bits open, the answers of the CPU decoder (x86 SSE), so that a
+// file's NaNs reach a batch with the same bits whichever assembler wrote it: an operation on a
+// NaN gives its first NaN operand, quieted; an invalid one on numbers (0/0, inf/inf) the
+// "default NaN" 0xffc00000; float to double keeps a NaN's sign and payload, quieted. (CUDA
+// gives its canonical NaN 0x7fffffff in all three; on x86 these are what the hardware does.)
+// HTK _C: (x + b) / a in float.
+CONVEYOR_HD inline float HtkCompressedValue(int16_t x, float a, float b) {
+  const uint32_t ua = FloatBits(a), ub = FloatBits(b);
+  const float q = IsNanBits(ub) ? BitsFloat(ub | 0x00400000u) : static_cast<float>(x) + b;
+  if (IsNanBits(FloatBits(q))) return q;
+  if (IsNanBits(ua)) return BitsFloat(ua | 0x00400000u);
+  const float v = q / a;
+  return IsNanBits(FloatBits(v)) ? BitsFloat(0xffc00000u) : v;
+}
+template <typename T>
+CONVEYOR_HD inline T WidenFloat(float v) {
+  if constexpr (sizeof(T) == 8) {
+    const uint32_t u = FloatBits(v);
+    if (IsNanBits(u)) {
+      const uint64_t bits = (uint64_t{u >> 31} << 63) | 0x7ff8000000000000ull | (uint64_t{u & 0x7fffffu} << 29);
+      T d;
+      memcpy(&d, &bits, 8);
+      return d;
+    }
+  }
+  return static_cast<T>(v);
+}
+
 // A 32-bit value at any address (staged HTK frames are the file's bytes), byte-swapped when
 // big-endian.
 CONVEYOR_HD inline uint32_t LoadU32(const uint8_t* p, bool big_endian) {
   const uint32_t b0 = p[0], b1 = p[1], b2 = p[2], b3 = p[3];
   return big_endian ? (b0 << 24 | b1 << 16 | b2 << 8 | b3) : (b3 << 24 | b2 << 16 | b1 << 8 | b0);
 }
-CONVEYOR_HD inline float LoadF32(const uint8_t* p, bool big_endian) {
-  const uint32_t u = LoadU32(p, big_endian);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+CONVEYOR_HD inline float LoadF32(const uint8_t* p, bool big_endian) { return BitsFloat(LoadU32(p, big_endian)); }
 
 // One block per frames op, one thread per value (row-major): HTK context windows built from
 // frames staged once (FramesOp), bit for bit the CPU assembler's values (htk_features.cc).
@@ -191,11 +227,11 @@ struct FramesKernel {
           const uint32_t x = be ? (uint32_t{src[2 * at]} << 8 | src[2 * at + 1]) : (uint32_t{src[2 * at + 1]} << 8 | src[2 * at]);
           const float a = LoadF32(staging + op.scale + 4 * (c % op.dim), be);
           const float b = LoadF32(staging + op.scale + 4 * (op.dim + c % op.dim), be);
-          v = (static_cast<float>(static_cast<int16_t>(static_cast<uint16_t>(x))) + b) / a;
+          v = HtkCompressedValue(static_cast<int16_t>(static_cast<uint16_t>(x)), a, b);
         } else {
-          v = LoadF32(src + 4 * at, be);
+          v = LoadF32(src + 4 * at, be);  // (moved, not computed: a NaN keeps its bits)
         }
-        out[k] = static_cast<T>(v);
+        out[k] = WidenFloat<T>(v);
       }
     }
   }

@@ -392,6 +392,27 @@ TEST(Htk, UncompressedFramesDecodeAlikeInFloatAndDouble) {
   }
 }
 
+// A context window given on one side only (possible through the library, not a config: -1 is
+// "infer it") is refused, not read as a window of left + 1 - 1 frames.
+TEST(Htk, AContextWindowGivenOnOneSideIsRefused) {
+  TempDir dir;
+  dir.Write("f.htk", BigEndianHtk(4, 100000, 4 * 2, 9, std::vector<float>(8, 1.0f)));
+  dir.Write("f.scp", "a=.../f.htk\n");
+  auto config = LoadConfigFile(dir.Write("c.yaml",
+      "datasets:\n  h:\n    deserializers:\n      - type: HTKFeature\n        input: {x: {scpFile: f.scp, dim: 10, contextWindow: [2, 2]}}\n"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_TRUE(Dataset::Open(config->datasets[0]).ok());
+  for (auto [left, right] : {std::make_pair(2, -1), std::make_pair(-1, 2)}) {
+    DatasetConfig ds = config->datasets[0];
+    ds.deserializers[0].streams[0].context_left = left;
+    ds.deserializers[0].streams[0].context_right = right;
+    auto open = Dataset::Open(ds);
+    ASSERT_FALSE(open.ok()) << left << ", " << right;
+    EXPECT_EQ(open.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(open.status().message().find("give both"), std::string_view::npos) << open.status();
+  }
+}
+
 // The daemon and the CLI open datasets with compressed_in_place: an HTK chunk then holds only
 // where each utterance's frames lie, and the assembler decodes them, building the context
 // windows as it writes the batch. Every batch must be the one decoding into the chunk gives:

@@ -314,6 +314,33 @@ std::vector<DType> Narrowed(const conveyor::testing::BatchCase& c) {
 // The CPU assembler's narrowed batch, checked against its own float32 batch independently of
 // the narrowing code: every array but the values byte for byte, the values converted one by
 // one with half.h, and every other byte zero.
+// The NaN bits FramesKernel writes are x86's (the CPU decoder's), written out by hand: the
+// device's own arithmetic would give its canonical NaN instead, which only a GPU run shows, so
+// the rules are pinned here against their definition.
+TEST(HtkNaNs, CompressedValuesAndWideningGiveTheBitsTheCpuDecoderGives) {
+  auto bits = [](float f) { return FloatBits(f); };
+  EXPECT_EQ(bits(HtkCompressedValue(0, 0.0f, 0.0f)), 0xffc00000u);             // 0/0: the default NaN
+  EXPECT_EQ(bits(HtkCompressedValue(3, 0.0f, 0.0f)), 0x7f800000u);             // 3/0: +inf, no NaN
+  EXPECT_EQ(bits(HtkCompressedValue(-3, 0.0f, 0.0f)), 0xff800000u);
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), 1.0f)), 0x7fc00abcu);  // A's NaN
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7f800abcu), 1.0f)), 0x7fc00abcu);  // quieted
+  EXPECT_EQ(bits(HtkCompressedValue(5, 2.0f, BitsFloat(0xff800123u))), 0xffc00123u);  // B's, quieted
+  // Both NaN: the first operand's, (x + B)'s.
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), BitsFloat(0x7fc00001u))), 0x7fc00001u);
+  EXPECT_EQ(HtkCompressedValue(5, 2.0f, 1.0f), 3.0f);
+  EXPECT_EQ(HtkCompressedValue(-15000, 7.25f, 1000.37f), (-15000.0f + 1000.37f) / 7.25f);
+  auto wide = [](float f) {
+    const double d = WidenFloat<double>(f);
+    uint64_t u;
+    std::memcpy(&u, &d, 8);
+    return u;
+  };
+  EXPECT_EQ(wide(BitsFloat(0x7f800001u)), 0x7ff8000020000000ull);  // signalling: quieted, payload kept
+  EXPECT_EQ(wide(BitsFloat(0xffc12345u)), 0xfff82468a0000000ull);
+  EXPECT_EQ(wide(1.5f), 0x3ff8000000000000ull);
+  EXPECT_EQ(FloatBits(WidenFloat<float>(BitsFloat(0x7f800001u))), 0x7f800001u);  // float: moved as is
+}
+
 TEST(NarrowedValues, TheCpuAssemblerConvertsEachValueOfTheFloat32Batch) {
   uint64_t checked = 0;
   for (const auto& spec : conveyor::testing::StandardCases()) {

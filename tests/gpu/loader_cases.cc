@@ -199,18 +199,30 @@ void ExpectHtkFramesMatchTheCpuLoader(BatchAssembler* assembler, MemoryKind kind
   const int d = 6;
   std::vector<float> frames(600 * d);
   for (size_t i = 0; i < frames.size(); ++i) frames[i] = static_cast<float>((i * 53) % 997) * 0.25f - 100.0f;
-  std::vector<float> ab;
-  for (int j = 0; j < 2 * d; ++j) ab.push_back(j < d ? 2.0f + j : 1.0f - j);
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  // NaNs with payloads, a signalling one among them: moved as they are, widened to double as
+  // the CPU widens them.
+  frames[7] = bits(0x7f800001u);
+  frames[13] = bits(0xffc12345u);
+  // _C: A and B (fractional, so that x + B rounds in float), and the NaNs of (x + B) / A: A = 0
+  // with x + B = 0 (0/0), A a NaN, B a signalling NaN.
+  const std::vector<float> ab = {2.5f, 3.0f, 0.0f, bits(0x7fc00abcu), 7.25f, 1e-3f,
+                                 1000.37f, 0.1f, 0.0f, -3.5f, bits(0x7f800123u), 2.75f};
   std::string c = BigEndianFloats(ab);
+  auto x_of = [&](int i) { return static_cast<int16_t>(i % d == 2 && (i / d) % 3 == 0 ? 0 : (i * 211) % 30000 - 15000); };
   for (int i = 0; i < 150 * d; ++i) {
-    const uint16_t v = __builtin_bswap16(static_cast<uint16_t>(static_cast<int16_t>((i * 211) % 30000 - 15000)));
+    const uint16_t v = __builtin_bswap16(static_cast<uint16_t>(x_of(i)));
     c.append(reinterpret_cast<const char*>(&v), 2);
   }
   // Little-endian files too: float32 frames, and _C (its vectors and values little-endian).
   std::string lf(reinterpret_cast<const char*>(frames.data()), 50 * d * sizeof(float));
   std::string lc(reinterpret_cast<const char*>(ab.data()), ab.size() * sizeof(float));
   for (int i = 0; i < 30 * d; ++i) {
-    const int16_t v = static_cast<int16_t>((i * 307) % 30000 - 15000);
+    const int16_t v = x_of(i * 7);
     lc.append(reinterpret_cast<const char*>(&v), 2);
   }
   // (Per process, as above.)

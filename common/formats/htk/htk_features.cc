@@ -278,6 +278,11 @@ class HtkFeatureSource final : public Deserializer {
     feat_dim_ = static_cast<uint32_t>(feat_dim);
     left_ = sc.context_left;
     right_ = sc.context_right;
+    if ((left_ < 0) != (right_ < 0)) {  // (a config gives both or neither; a caller of the library may not)
+      return absl::InvalidArgumentError(absl::StrCat(scp_, ": input '", sc.name, "' has a context window of ", left_,
+                                                     " frames before and ", right_,
+                                                     " after: give both (0 or more), or neither to infer it from dim"));
+    }
     if (left_ < 0) {
       // Inferred as CNTK does: dim / featDim frames, an odd number.
       const uint64_t dim = sc.dim_given && sc.dim ? sc.dim : feat_dim_;
