@@ -2,6 +2,7 @@
 #include "cuda/assembly_program.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -304,8 +305,20 @@ class ProgramBuilder {
     run_.rows = 0;
   }
 
+  // Whether the device's arithmetic gives Kaldi's bits for a matrix of this header: always,
+  // but where a result is NaN, whose bits IEEE leaves open (the device gives its canonical
+  // NaN, x86 the first NaN operand's or 0xffc00000). Kaldi's operations give a NaN only from a
+  // non-finite header or percentiles that overflow (inf - inf); with a finite minimum and
+  // range whose magnitudes sum to at most 1e38 every percentile and difference is finite, so
+  // no value is NaN. Other headers (a matrix compressed from data with a NaN or an inf in it)
+  // are decoded on the host.
+  static bool DeviceDecodesAlike(const kaldi::ObjectInfo& info) {
+    return std::isfinite(info.min_value) && std::isfinite(info.range) &&
+           std::fabs(info.min_value) + std::fabs(info.range) <= 1e38f;
+  }
+
   // Rows [r0, r0 + n) of a compressed matrix: the stored bytes the decode op reads, or (a few
-  // rows of CM) the rows decoded here.
+  // rows of CM, or a header DeviceDecodesAlike refuses) the rows decoded here.
   void PackCompressed(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
     if (m.info.codec == HtkFramesCodecTag()) {
       PackFrames(m, r0, n, cols, dst);
@@ -317,7 +330,7 @@ class ProgramBuilder {
       return;
     }
     const kaldi::ObjectInfo info = kaldi::CompressedObjectInfo(m.info);  // the codec's header: Kaldi's
-    if (info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) {
+    if ((info.type == kaldi::ObjectType::kCompressed1 && n < kCm1DeviceMinRows) || !DeviceDecodesAlike(info)) {
       DecodeOnHost(m, r0, n, cols, dst);
       return;
     }

@@ -4,7 +4,9 @@
 // one copy through pinned memory; one block decodes a CM column (a 256-entry table in shared
 // memory, then lookups) or a band of CM2/CM3 rows. The kernel's body is CmDecodeKernel
 // (kernels/cm_decode_kernel.h), which the host tests run too (cm_decode_plan.h). The
-// assembler's data path decodes with DecodeOpsKernel instead (assembly_program.h).
+// assembler's data path decodes with DecodeOpsKernel instead (assembly_program.h), and leaves
+// to the host the matrices whose values could be NaN (a non-finite header): a NaN this decoder
+// writes is the device's canonical one, not necessarily the CPU decoder's bits.
 #pragma once
 
 #include <cstdint>

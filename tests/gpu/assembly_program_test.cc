@@ -9,8 +9,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/formats/htk/htk_features.h"
@@ -270,6 +272,35 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
     }
     const std::vector<std::byte> got = AssembleWith(*host, *plan, pieces);
     EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
+  }
+}
+
+// A compressed matrix whose values could come out NaN (a non-finite header, or percentiles
+// that overflow) is decoded on the host, whose NaN bits are the CPU decoder's: the device
+// would write its own canonical NaN. Finite headers go to the device as before.
+TEST(AssemblyProgram, CompressedMatricesWithNonFiniteHeadersAreDecodedOnTheHost) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int format : {1, 2, 3}) {
+    for (auto [min_value, range, device] : {std::make_tuple(-3.0f, 7.0f, true), std::make_tuple(nan, 7.0f, false),
+                                            std::make_tuple(-3.0f, inf, false), std::make_tuple(-inf, 7.0f, false),
+                                            std::make_tuple(3e38f, 3e38f, false), std::make_tuple(-5e37f, 5e37f, true)}) {
+      SCOPED_TRACE(::testing::Message() << "CM" << format << " min " << min_value << " range " << range);
+      std::mt19937 rng(11);
+      std::string object = conveyor::testing::RandomCompressed(format, 8, 5, rng);
+      const size_t header = format == 1 ? 5 : 6;  // after "\0BCM " / "\0BCM2 "
+      std::memcpy(&object[header], &min_value, 4);
+      std::memcpy(&object[header + 4], &range, 4);
+      auto c = conveyor::testing::MakeCompressedCase({object}, 0, 0, 5, conveyor::testing::CompressedPieces::kUtterances, 1);
+      auto plan = PlanBatch(c.streams, Precision::kFloat, c.shape, c.pieces);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      auto prog = BuildAssemblyProgram(*plan, c.pieces);
+      ASSERT_TRUE(prog.ok()) << prog.status();
+      EXPECT_EQ(prog->decodes.size(), device ? 1u : 0u);
+      EXPECT_EQ(DecodedOnTheHost(*prog), device ? 0u : 1u);
+      auto host = MakeHostProgramAssembler();
+      auto cpu = MakeCpuAssembler();
+      EXPECT_EQ(AssembleWith(*host, *plan, c.pieces), AssembleWith(*cpu, *plan, c.pieces));
+    }
   }
 }
 
