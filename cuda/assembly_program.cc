@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/formats/htk/htk_features.h"
 #include "common/formats/kaldi/kaldi_object.h"
+#include "cuda/kernels/assembly_kernels.h"
 
 namespace conveyor::gpu {
 namespace {
@@ -373,7 +374,7 @@ class ProgramBuilder {
   // they read staged once, as they lie in the file (1/w of the rows' bytes for a window of w
   // frames), and frames ops that build the rows on the device; or, where that would send
   // more bytes than the rows decoded here (no window, or one frame of a window: a frames op
-  // is 72 bytes, a copy item 24), the rows decoded here.
+  // is 80 bytes, a copy item 24), the rows decoded here.
   void PackFrames(const CompressedDense& m, uint64_t r0, uint64_t n, uint64_t cols, uint64_t dst) {
     const HtkFramesPayload p = m.info.Load<HtkFramesPayload>();
     const int64_t t0 = m.row0 + static_cast<int64_t>(r0);
@@ -399,6 +400,7 @@ class ProgramBuilder {
     op.dim = p.dim;
     op.big_endian = p.big_endian;
     op.compressed = p.compressed;
+    op.default_nan = default_nan_;
     for (uint64_t r = 0; r < n; r += band) {
       FramesOp part = op;
       part.rows = static_cast<uint32_t>(std::min(band, n - r));
@@ -453,6 +455,7 @@ class ProgramBuilder {
   // Per stream: its ScanOp, and for CSR streams its TransposeOp (else UINT64_MAX).
   std::vector<uint64_t> scan_of_, transpose_of_;
   uint64_t cursor_ = 0;        // the next free byte of staging
+  const uint32_t default_nan_ = HostDefaultNan();
   struct CompressedRun {       // rows [r0, r0 + rows) of one matrix, decoded to `dst` on
     const CompressedDense* matrix = nullptr;
     uint64_t r0 = 0, rows = 0, cols = 0, dst = 0;

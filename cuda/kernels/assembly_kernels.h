@@ -163,19 +163,24 @@ CONVEYOR_HD inline float BitsFloat(uint32_t u) {
 }
 CONVEYOR_HD inline bool IsNanBits(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 
-// Where IEEE 754 leaves a NaN's bits open, the answers of the CPU decoder (x86 SSE), so that a
-// file's NaNs reach a batch with the same bits whichever assembler wrote it: an operation on a
-// NaN gives its first NaN operand, quieted; an invalid one on numbers (0/0, inf/inf) the
-// "default NaN" 0xffc00000; float to double keeps a NaN's sign and payload, quieted. (CUDA
-// gives its canonical NaN 0x7fffffff in all three; on x86 these are what the hardware does.)
-// HTK _C: (x + b) / a in float.
-CONVEYOR_HD inline float HtkCompressedValue(int16_t x, float a, float b) {
+// Where IEEE 754 leaves a NaN's bits open, the answers of the CPU decoder, so that a file's
+// NaNs reach a batch with the same bits whichever assembler wrote it: an operation on a NaN
+// gives its first NaN operand, quieted; an invalid one on numbers (0/0, inf/inf) the host's
+// "default NaN", `default_nan` (x86: 0xffc00000, Arm: 0x7fc00000; HostDefaultNan()); float
+// to double keeps a NaN's sign and payload, quieted. (x86 and Arm hardware do this; CUDA
+// gives its canonical NaN 0x7fffffff in all three.) HTK _C: (x + b) / a in float.
+CONVEYOR_HD inline float HtkCompressedValue(int16_t x, float a, float b, uint32_t default_nan) {
   const uint32_t ua = FloatBits(a), ub = FloatBits(b);
   const float q = IsNanBits(ub) ? BitsFloat(ub | 0x00400000u) : static_cast<float>(x) + b;
   if (IsNanBits(FloatBits(q))) return q;
   if (IsNanBits(ua)) return BitsFloat(ua | 0x00400000u);
   const float v = q / a;
-  return IsNanBits(FloatBits(v)) ? BitsFloat(0xffc00000u) : v;
+  return IsNanBits(FloatBits(v)) ? BitsFloat(default_nan) : v;
+}
+// The host's default NaN: what 0/0 gives here (host code only).
+inline uint32_t HostDefaultNan() {
+  volatile float zero = 0.0f;
+  return FloatBits(zero / zero);
 }
 template <typename T>
 CONVEYOR_HD inline T WidenFloat(float v) {
@@ -227,7 +232,7 @@ struct FramesKernel {
           const uint32_t x = be ? (uint32_t{src[2 * at]} << 8 | src[2 * at + 1]) : (uint32_t{src[2 * at + 1]} << 8 | src[2 * at]);
           const float a = LoadF32(staging + op.scale + 4 * (c % op.dim), be);
           const float b = LoadF32(staging + op.scale + 4 * (op.dim + c % op.dim), be);
-          v = HtkCompressedValue(static_cast<int16_t>(static_cast<uint16_t>(x)), a, b);
+          v = HtkCompressedValue(static_cast<int16_t>(static_cast<uint16_t>(x)), a, b, op.default_nan);
         } else {
           v = LoadF32(src + 4 * at, be);  // (moved, not computed: a NaN keeps its bits)
         }

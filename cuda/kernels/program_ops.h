@@ -87,12 +87,13 @@ struct DecodeOp {
 // frame (that frame - first) from `src`, dim values of 4 bytes (float32) or, `compressed`
 // (_C), 2 (int16 x, decoded as (x + B[j]) / A[j] in float, the A and B vectors staged at
 // `scale`), big- or little-endian as stored. The frames are staged as they lie in the file,
-// once each, so a window of w frames sends 1/w of the bytes its rows hold.
+// once each, so a window of w frames sends 1/w of the bytes its rows hold. `default_nan`: what
+// the host gives for 0/0 (HtkCompressedValue).
 struct FramesOp {
   uint64_t src = 0, scale = 0, dst = 0;
   int64_t base = 0, first = 0, last = 0;
   uint32_t rows = 0, cols = 0, col0 = 0, dim = 0;
-  uint32_t big_endian = 0, compressed = 0;
+  uint32_t big_endian = 0, compressed = 0, default_nan = 0, unused = 0;
 };
 
 }  // namespace conveyor::gpu

@@ -396,7 +396,7 @@ TEST(AssemblyProgram, HtkUtterancesSendTheirFramesOnceAndTheDeviceBuildsTheWindo
   ASSERT_EQ(plan->streams[0].values.bytes, want.size() * 4);
   EXPECT_EQ(std::memcmp(got.data() + plan->streams[0].values.offset, want.data(), want.size() * 4), 0);
 
-  // Without a window the frames are the rows: decoded here, a copy item instead of a 72-byte
+  // Without a window the frames are the rows: decoded here, a copy item instead of an 80-byte
   // frames op.
   HtkUtterance plain(0, 0);
   PieceRef q;

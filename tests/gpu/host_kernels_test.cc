@@ -319,16 +319,25 @@ std::vector<DType> Narrowed(const conveyor::testing::BatchCase& c) {
 // the rules are pinned here against their definition.
 TEST(HtkNaNs, CompressedValuesAndWideningGiveTheBitsTheCpuDecoderGives) {
   auto bits = [](float f) { return FloatBits(f); };
-  EXPECT_EQ(bits(HtkCompressedValue(0, 0.0f, 0.0f)), 0xffc00000u);             // 0/0: the default NaN
-  EXPECT_EQ(bits(HtkCompressedValue(3, 0.0f, 0.0f)), 0x7f800000u);             // 3/0: +inf, no NaN
-  EXPECT_EQ(bits(HtkCompressedValue(-3, 0.0f, 0.0f)), 0xff800000u);
-  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), 1.0f)), 0x7fc00abcu);  // A's NaN
-  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7f800abcu), 1.0f)), 0x7fc00abcu);  // quieted
-  EXPECT_EQ(bits(HtkCompressedValue(5, 2.0f, BitsFloat(0xff800123u))), 0xffc00123u);  // B's, quieted
+#if defined(__x86_64__)
+  const uint32_t default_nan = 0xffc00000u;
+#elif defined(__aarch64__)
+  const uint32_t default_nan = 0x7fc00000u;
+#else
+  const uint32_t default_nan = HostDefaultNan();
+#endif
+  EXPECT_EQ(HostDefaultNan(), default_nan);
+  const uint32_t dn = HostDefaultNan();
+  EXPECT_EQ(bits(HtkCompressedValue(0, 0.0f, 0.0f, dn)), default_nan);                  // 0/0
+  EXPECT_EQ(bits(HtkCompressedValue(3, 0.0f, 0.0f, dn)), 0x7f800000u);                  // 3/0: +inf, no NaN
+  EXPECT_EQ(bits(HtkCompressedValue(-3, 0.0f, 0.0f, dn)), 0xff800000u);
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), 1.0f, dn)), 0x7fc00abcu);  // A's NaN
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7f800abcu), 1.0f, dn)), 0x7fc00abcu);  // quieted
+  EXPECT_EQ(bits(HtkCompressedValue(5, 2.0f, BitsFloat(0xff800123u), dn)), 0xffc00123u);  // B's, quieted
   // Both NaN: the first operand's, (x + B)'s.
-  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), BitsFloat(0x7fc00001u))), 0x7fc00001u);
-  EXPECT_EQ(HtkCompressedValue(5, 2.0f, 1.0f), 3.0f);
-  EXPECT_EQ(HtkCompressedValue(-15000, 7.25f, 1000.37f), (-15000.0f + 1000.37f) / 7.25f);
+  EXPECT_EQ(bits(HtkCompressedValue(5, BitsFloat(0x7fc00abcu), BitsFloat(0x7fc00001u), dn)), 0x7fc00001u);
+  EXPECT_EQ(HtkCompressedValue(5, 2.0f, 1.0f, dn), 3.0f);
+  EXPECT_EQ(HtkCompressedValue(-15000, 7.25f, 1000.37f, dn), (-15000.0f + 1000.37f) / 7.25f);
   auto wide = [](float f) {
     const double d = WidenFloat<double>(f);
     uint64_t u;
