@@ -1,15 +1,18 @@
 // libFuzzer: arbitrary bytes as an HTK feature file header, an MLF (text or binary, with and
 // without a state list) and scp lines; and, after a 3-byte prefix, as a whole feature file
 // read through a dataset with a context window (each frame's window of its neighbours, the
-// utterance's edges repeated). Any input must end in a status, never a read out of bounds
-// (ASan) or undefined behaviour (UBSan).
+// utterance's edges repeated); frames left in the file are also assembled by the CUDA
+// program on the host executor, which must write the CPU assembler's bytes. Any input must
+// end in a status, never a read out of bounds (ASan) or undefined behaviour (UBSan).
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdlib>
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "common/dataset/dataset.h"
 #include "common/formats/htk/htk_features.h"
 #include "common/formats/htk/mlf.h"
+#include "cuda/host_program.h"
 
 namespace {
 
@@ -39,6 +43,45 @@ const std::string& Dir() {
 
 void Write(const std::string& path, std::string_view bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Slot `slot` of `chunk` as a batch of one utterance, or of its frames as rows (frame mode),
+// assembled by the CPU assembler and by the CUDA program on the host executor: the same bytes,
+// or abort.
+void ExpectTheProgramWritesTheCpuBytes(const std::vector<conveyor::StreamConfig>& streams,
+                                       const conveyor::ParsedChunk& chunk, uint32_t slot, bool frames) {
+  using namespace conveyor;
+  std::vector<PieceRef> pieces;
+  BatchShape shape;
+  if (frames) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk.streams[0].num_samples(slot), 64));
+    for (uint32_t t = 0; t < n; ++t) {
+      PieceRef r;
+      r.chunk = &chunk;
+      r.slot = slot;
+      r.sample_begin = t;
+      r.sample_count = 1;
+      r.row = t;
+      r.frame = t;
+      pieces.push_back(r);
+    }
+    shape.frame_mode = true;
+  } else {
+    PieceRef r;
+    r.chunk = &chunk;
+    r.slot = slot;
+    pieces.push_back(r);
+  }
+  shape.rows = static_cast<uint32_t>(pieces.size());
+  if (pieces.empty()) return;
+  auto plan = PlanBatch(streams, Precision::kFloat, shape, pieces);
+  if (!plan.ok()) return;
+  static const std::unique_ptr<BatchAssembler> cpu = MakeCpuAssembler();
+  static const std::unique_ptr<BatchAssembler> program = gpu::MakeHostProgramAssembler();
+  std::vector<std::byte> want(plan->total_bytes), got(plan->total_bytes, std::byte{0xAB});
+  if (!cpu->Assemble(*plan, pieces, absl::MakeSpan(want)).ok()) std::abort();
+  if (!program->Assemble(*plan, pieces, absl::MakeSpan(got)).ok()) std::abort();
+  if (want != got) std::abort();
 }
 
 // data[0] and data[1]: the window's left and right context (0-5 frames each); data[2]: a
@@ -84,6 +127,13 @@ void DecodeThroughADataset(const uint8_t* data, size_t size) {
         if (data[2] & 4) {  // and a frame at a time, as frame mode reads them
           for (uint64_t t = 0; t < n; ++t) ps.DecodeDense<float>(slot, first + t, 1, rows.data());
         }
+      }
+    }
+    // Left in the file: the CUDA program (its frames ops, run by the host executor) must write
+    // the CPU assembler's bytes, for the utterance and for its frames as rows (runs of them).
+    if (options.compressed_in_place) {
+      for (uint32_t slot = 0; slot < (*chunk)->keys.size() && slot < 4; ++slot) {
+        ExpectTheProgramWritesTheCpuBytes((*dataset)->streams(), **chunk, slot, (data[2] & 4) != 0);
       }
     }
   }
