@@ -303,7 +303,6 @@ class ChunkParser {
     const size_t base = values.size();
     values.resize(base + dim);  // (not zeroed: HugePageAllocator)
     T* out = values.data() + base;
-    std::fill(out, out + dim, T{0});  // a short sample is zero-padded
 #if CTF_SIMD_NUMBERS
     const char* const limit = ReadLimit(end);
 #endif
@@ -328,6 +327,7 @@ class ChunkParser {
       ++n;
     }
     if (n < dim) {
+      std::fill(out + n, out + dim, T{0});  // a short sample is zero-padded (values [0, n) written above)
       diagnostics_->Report(Severity::kWarning, "short dense sample",
                            absl::StrCat(options_.path, ":", line_ + 1, ":", *pp - line_start_ + 1,
                                         ": input '", options_.streams[stream].name, "' has ", n,
