@@ -5,8 +5,9 @@
 // (each one block or thread: how much of the device a batch can keep busy), utterances of
 // Kaldi compressed matrices (decode ops only), and Kaldi CM decoding on the device next to
 // the CPU decoder on one core. Ends with SUMMARY lines: each figure next to its target.
-// With `--examples CONFIG`, every dataset of CONFIG (examples/conveyor.yaml) also goes
-// through the whole loader: batches/s with the CPU assembler into host memory, and with the
+// With `--examples CONFIG`, every dataset of CONFIG (examples/conveyor.yaml; or
+// /tmp/scal/scaling.yaml once bench/scaling.py has made its data: HTK with 11-frame windows,
+// Kaldi CM) also goes through the whole loader, opened as the daemon opens it: batches/s with the CPU assembler into host memory, and with the
 // CUDA assembler into device slots one batch at a time and pipelined (two in flight, as the
 // daemon runs it), with the share of the wall time the host spent waiting for the device
 // (near 0: the device idles between batches, the host is the bound; near 1: the device is).
@@ -446,7 +447,11 @@ int main(int argc, char** argv) {
                 "cuda pipelined", "host waits");
     for (DatasetConfig dc : config->datasets) {
       dc.keep_data_in_memory = true;
-      auto ds = Dataset::Open(dc);
+      // Opened as the daemon opens them: Kaldi CM and HTK frames left in their files for the
+      // assembler (the CUDA program decodes CM and builds HTK windows on the device).
+      DatasetOpenOptions open;
+      open.compressed_in_place = true;
+      auto ds = Dataset::Open(dc, open);
       if (!ds.ok()) {
         std::fprintf(stderr, "%s: %s\n", dc.name.c_str(), std::string(ds.status().message()).c_str());
         continue;
