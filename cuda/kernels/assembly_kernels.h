@@ -19,6 +19,10 @@ namespace conveyor::gpu {
 
 // Little-endian uint16 at any address (staged Kaldi data is byte-packed).
 CONVEYOR_HD inline uint16_t LoadU16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+// Either byte order (staged HTK _C values are the file's bytes).
+CONVEYOR_HD inline uint16_t LoadU16(const uint8_t* p, bool big_endian) {
+  return big_endian ? static_cast<uint16_t>(p[1] | (p[0] << 8)) : LoadU16(p);
+}
 
 // One block per copy item (grid-stride over items), threads over its bytes: 16-byte moves
 // when both ends and the length allow, else 4-byte, else bytes (alignment from the actual
@@ -229,10 +233,9 @@ struct FramesKernel {
         const uint64_t at = static_cast<uint64_t>(f - op.first) * op.dim + c % op.dim;
         float v;
         if (op.compressed != 0) {
-          const uint32_t x = be ? (uint32_t{src[2 * at]} << 8 | src[2 * at + 1]) : (uint32_t{src[2 * at + 1]} << 8 | src[2 * at]);
           const float a = LoadF32(staging + op.scale + 4 * (c % op.dim), be);
           const float b = LoadF32(staging + op.scale + 4 * (op.dim + c % op.dim), be);
-          v = HtkCompressedValue(static_cast<int16_t>(static_cast<uint16_t>(x)), a, b, op.default_nan);
+          v = HtkCompressedValue(static_cast<int16_t>(LoadU16(src + 2 * at, be)), a, b, op.default_nan);
         } else {
           v = LoadF32(src + 4 * at, be);  // (moved, not computed: a NaN keeps its bits)
         }

@@ -211,6 +211,27 @@ size_t DecodedOnTheHost(const AssemblyProgram& prog) {
   return static_cast<size_t>(std::count_if(prog.packs.begin(), prog.packs.end(), [](const HostPack& p) { return p.decode != nullptr; }));
 }
 
+// Frames `frames` of the one sequence of `chunk`, a row each (frame mode), and their batch shape.
+std::vector<PieceRef> FramePieces(const ParsedChunk* chunk, const std::vector<uint32_t>& frames) {
+  std::vector<PieceRef> pieces;
+  for (uint32_t f : frames) {
+    PieceRef r;
+    r.chunk = chunk;
+    r.sample_begin = f;
+    r.sample_count = 1;
+    r.row = static_cast<uint32_t>(pieces.size());
+    r.frame = f;
+    pieces.push_back(r);
+  }
+  return pieces;
+}
+BatchShape FrameShape(const std::vector<PieceRef>& pieces) {
+  BatchShape shape;
+  shape.rows = static_cast<uint32_t>(pieces.size());
+  shape.frame_mode = true;
+  return shape;
+}
+
 // Frames 3..10 of a CM matrix (tests/data/kaldi/cm_auto.ark, first entry) in rows 0..7 become one
 // decode op (one column-header block, eight-byte column runs); a gap starts another, and a
 // run shorter than kCm1DeviceMinRows is decoded on the host. Both programs, run on the host,
@@ -235,20 +256,8 @@ TEST(AssemblyProgram, ConsecutiveFramesOfACompressedMatrixBecomeOneDecodeOp) {
   chunk.streams = {ps};
   const std::vector<StreamConfig> streams = {{"f", "f", StreamFormat::kDense, static_cast<uint64_t>(info->cols), false}};
   for (const std::vector<uint32_t>& frames : {std::vector<uint32_t>{3, 4, 5, 6, 7, 8, 9, 10}, std::vector<uint32_t>{3, 4, 5, 6, 9, 10, 11, 12, 18}}) {
-    std::vector<PieceRef> pieces;
-    for (uint32_t f : frames) {
-      PieceRef r;
-      r.chunk = &chunk;
-      r.sample_begin = f;
-      r.sample_count = 1;
-      r.row = static_cast<uint32_t>(pieces.size());
-      r.frame = f;
-      pieces.push_back(r);
-    }
-    BatchShape shape;
-    shape.rows = static_cast<uint32_t>(pieces.size());
-    shape.frame_mode = true;
-    auto plan = PlanBatch(streams, Precision::kFloat, shape, pieces);
+    const std::vector<PieceRef> pieces = FramePieces(&chunk, frames);
+    auto plan = PlanBatch(streams, Precision::kFloat, FrameShape(pieces), pieces);
     ASSERT_TRUE(plan.ok()) << plan.status();
     auto prog = BuildAssemblyProgram(*plan, pieces);
     ASSERT_TRUE(prog.ok()) << prog.status();
@@ -416,20 +425,8 @@ TEST(AssemblyProgram, HtkUtterancesSendTheirFramesOnceAndTheDeviceBuildsTheWindo
 // row and a copy item.
 TEST(AssemblyProgram, ConsecutiveHtkFramesBecomeOneFramesOpALoneFrameIsDecodedHere) {
   HtkUtterance u;
-  std::vector<PieceRef> pieces;
-  for (uint32_t f : {3, 4, 5, 6, 7, 8, 9, 10, 18}) {
-    PieceRef r;
-    r.chunk = &u.chunk;
-    r.sample_begin = f;
-    r.sample_count = 1;
-    r.row = static_cast<uint32_t>(pieces.size());
-    r.frame = f;
-    pieces.push_back(r);
-  }
-  BatchShape shape;
-  shape.rows = static_cast<uint32_t>(pieces.size());
-  shape.frame_mode = true;
-  auto plan = PlanBatch(u.streams, Precision::kFloat, shape, pieces);
+  const std::vector<PieceRef> pieces = FramePieces(&u.chunk, {3, 4, 5, 6, 7, 8, 9, 10, 18});
+  auto plan = PlanBatch(u.streams, Precision::kFloat, FrameShape(pieces), pieces);
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto prog = BuildAssemblyProgram(*plan, pieces);
   ASSERT_TRUE(prog.ok()) << prog.status();
